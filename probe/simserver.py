@@ -1,0 +1,259 @@
+"""A simulated OpenAI-compatible server for tests, the demo and the benchmarks.
+
+Serves ``/v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1 (aiohttp) and
+behaves like a chosen kind of model:
+
+- ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``);
+- ``healthy``: answers the last ``a + b`` in the prompt in a few tokens (``stop``);
+- ``mixed``: a chosen fraction of prompts (picked by a hash of the prompt) runs to the cap;
+- ``repetition``: vLLM's repetition detector ends every generation (``repetition``);
+- ``malformed``: well-formed HTTP, nonsense JSON bodies.
+
+A token clock (seconds per generated token) makes generations take time; when a client
+drops a request, the tokens generated so far are counted and the request is counted
+as aborted, as vLLM does. ``GET /stats`` returns the counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+MODES = ("never_stop", "healthy", "mixed", "repetition", "malformed")
+_SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
+
+
+@dataclass
+class Stats:
+    """What the server saw and did (the benchmarks' ground truth)."""
+
+    generate_requests: int = 0
+    loglikelihood_requests: int = 0
+    tokens_generated: int = 0
+    completed: int = 0
+    aborted: int = 0
+    generate_request_times: list = field(default_factory=list)
+
+
+def healthy_answer(prompt: str) -> str:
+    """The healthy model's answer: the last ``a + b`` in the prompt, worked out."""
+    found = _SUM.findall(prompt)
+    if not found:
+        return " I do not know."
+    a, b = found[-1]
+    return f" {int(a) + int(b)}"
+
+
+def _prompt_text(payload: dict[str, Any]) -> list[str]:
+    if "messages" in payload:
+        messages = payload.get("messages") or []
+        return [" ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))]
+    prompt = payload.get("prompt", "")
+    return [str(p) for p in prompt] if isinstance(prompt, list) else [str(prompt)]
+
+
+def _at_cap(prompt: str, fraction: float) -> bool:
+    digest = hashlib.sha256(prompt.encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < fraction
+
+
+class SimServer:
+    """The server, run on its own event loop in a background thread.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        mode: str = "never_stop",
+        seconds_per_token: float = 0.0,
+        cap_fraction: float = 0.5,
+        port: int = 0,
+        malformed_body: Any = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        self.mode = mode
+        self.seconds_per_token = seconds_per_token
+        self.cap_fraction = cap_fraction
+        self.malformed_body = malformed_body if malformed_body is not None else {"choices": "nonsense"}
+        self.port = port
+        self.stats = Stats()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> SimServer:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            self._loop = asyncio.new_event_loop()
+            try:
+                self._loop.run_until_complete(self._start())
+            except BaseException as error:  # reported to the starting thread
+                failure.append(error)
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, name="simserver", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if failure:
+            raise failure[0]
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/stats", self._stats)
+        app.router.add_get("/health", self._health)
+        # handler_cancellation: a dropped client cancels the handler, as vLLM aborts.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)  # type: ignore[union-attr]
+        future.result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(30)
+        self._loop = None
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return asdict(self.stats)
+
+    # ---- handlers
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot())
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        if not payload.get("max_tokens", payload.get("max_completion_tokens")) or payload.get("echo"):
+            return self._loglikelihood(payload)
+        max_tokens = int(payload.get("max_tokens", payload.get("max_completion_tokens")))
+        prompts = _prompt_text(payload)
+        with self._lock:
+            self.stats.generate_requests += 1
+            self.stats.generate_request_times.append(time.time())
+        if self.mode == "malformed":
+            return web.json_response(self.malformed_body)
+        plans = [self._plan(prompt, max_tokens) for prompt in prompts]
+        longest = max(tokens for _, tokens, _ in plans)
+        await self._generate(longest, sum(tokens for _, tokens, _ in plans))
+        choices = []
+        for index, (text, tokens, reason) in enumerate(plans):
+            content = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+            choices.append({"index": index, "finish_reason": reason, **content})
+        usage = {"completion_tokens": sum(t for _, t, _ in plans), "prompt_tokens": 1}
+        kind = "chat.completion" if chat else "text_completion"
+        return web.json_response(
+            {"id": "sim", "object": kind, "model": payload.get("model"), "choices": choices, "usage": usage}
+        )
+
+    def _plan(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
+        """(text, tokens, finish_reason) for one prompt; one token is one short word."""
+        if self.mode == "healthy" or (self.mode == "mixed" and not _at_cap(prompt, self.cap_fraction)):
+            answer = healthy_answer(prompt)
+            return answer, min(max_tokens, len(answer.split()) + 1), "stop"
+        if self.mode == "repetition":
+            tokens = min(max_tokens, 64)
+            return " again" * tokens, tokens, "repetition"
+        return " and" * max_tokens, max_tokens, "length"
+
+    async def _generate(self, duration_tokens: int, total_tokens: int) -> None:
+        """Wait as long as the token clock says; count tokens even when aborted."""
+        started = time.monotonic()
+        try:
+            if self.seconds_per_token > 0:
+                await asyncio.sleep(duration_tokens * self.seconds_per_token)
+        except asyncio.CancelledError:
+            elapsed = time.monotonic() - started
+            done = min(total_tokens, int(elapsed / self.seconds_per_token * total_tokens / max(duration_tokens, 1)))
+            with self._lock:
+                self.stats.tokens_generated += done
+                self.stats.aborted += 1
+            raise
+        with self._lock:
+            self.stats.tokens_generated += total_tokens
+            self.stats.completed += 1
+
+    def _loglikelihood(self, payload: dict[str, Any]) -> web.Response:
+        """Echoed log-probabilities, one per prompt token (a token is a list item)."""
+        with self._lock:
+            self.stats.loglikelihood_requests += 1
+        prompts = payload.get("prompt") or []
+        if prompts and not isinstance(prompts[0], list):
+            prompts = [prompts]
+        choices = []
+        for index, tokens in enumerate(prompts):
+            logprobs = [None] + [-0.5] * len(tokens)
+            top = [None] + [{"t": -0.5}] * len(tokens)
+            choices.append(
+                {
+                    "index": index,
+                    "text": "",
+                    "logprobs": {"token_logprobs": logprobs, "top_logprobs": top},
+                    "finish_reason": "length",
+                }
+            )
+        return web.json_response({"id": "sim", "object": "text_completion", "choices": choices})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m probe.simserver``: serve until interrupted, printing the base URL."""
+    parser = argparse.ArgumentParser(prog="python -m probe.simserver", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=MODES, default="never_stop")
+    parser.add_argument("--seconds-per-token", type=float, default=0.0)
+    parser.add_argument("--cap-fraction", type=float, default=0.5, help="for --mode mixed")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = SimServer(args.mode, args.seconds_per_token, args.cap_fraction, args.port).start()
+    print(json.dumps({"base_url": server.base_url}), flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
