@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import contextvars
 import hashlib
 import inspect
@@ -482,10 +483,8 @@ class Probe:
         if existing is not None and existing < self.started_at:
             # Left by an earlier run: stale evidence must not stand in for this run's.
             # Renaming it away first keeps "first writer wins" among this run's processes.
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.rename(path, f"{path}.stale-{int(existing)}")
-            except FileNotFoundError:
-                pass
             if write_sidecar_once(path, document):
                 self._own(path, document)
                 return f"sidecar: {path} (an earlier run's sidecar was renamed to {path}.stale-{int(existing)})"

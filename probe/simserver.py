@@ -61,9 +61,13 @@ def _prompt_text(payload: dict[str, Any]) -> list[str]:
     return [str(p) for p in prompt] if isinstance(prompt, list) else [str(prompt)]
 
 
+def _fraction(prompt: str) -> float:
+    """A number in [0, 1) fixed by the prompt: the simulated model is deterministic."""
+    return int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big") / 2**32
+
+
 def _at_cap(prompt: str, fraction: float) -> bool:
-    digest = hashlib.sha256(prompt.encode()).digest()
-    return int.from_bytes(digest[:4], "big") / 2**32 < fraction
+    return _fraction(prompt) < fraction
 
 
 class SimServer:
@@ -79,6 +83,7 @@ class SimServer:
         cap_fraction: float = 0.5,
         port: int = 0,
         malformed_body: Any = None,
+        jitter: float = 0.0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -87,6 +92,7 @@ class SimServer:
         self.cap_fraction = cap_fraction
         self.malformed_body = malformed_body if malformed_body is not None else {"choices": "nonsense"}
         self.port = port
+        self.jitter = jitter
         self.stats = Stats()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,9 +182,12 @@ class SimServer:
             return web.json_response(self.malformed_body)
         plans = [self._plan(prompt, max_tokens) for prompt in prompts]
         longest = max(tokens for _, tokens, _ in plans)
-        await self._generate(longest, sum(tokens for _, tokens, _ in plans))
+        # Jitter stretches each request's clock by up to that fraction, so that requests
+        # started together do not all end in the same instant.
+        stretch = 1.0 + self.jitter * _fraction(prompts[0])
+        await self._generate(longest * stretch, sum(tokens for _, tokens, _ in plans))
         choices = []
-        for index, (text, tokens, reason) in enumerate(plans):
+        for index, (text, _tokens, reason) in enumerate(plans):
             content = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
             choices.append({"index": index, "finish_reason": reason, **content})
         usage = {"completion_tokens": sum(t for _, t, _ in plans), "prompt_tokens": 1}
@@ -197,7 +206,7 @@ class SimServer:
             return " again" * tokens, tokens, "repetition"
         return " and" * max_tokens, max_tokens, "length"
 
-    async def _generate(self, duration_tokens: int, total_tokens: int) -> None:
+    async def _generate(self, duration_tokens: float, total_tokens: int) -> None:
         """Wait as long as the token clock says; count tokens even when aborted."""
         started = time.monotonic()
         try:

@@ -1,0 +1,50 @@
+"""Building real lm-eval API models and requests against a server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lm_eval.api.instance import Instance
+from lm_eval.models.api_models import JsonChatStr
+from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
+
+GEN_KWARGS = {"until": ["\n\n"], "max_tokens": 2048, "temperature": 0}
+
+
+def completions(base_url: str, num_concurrent: int = 8, batch_size: int = 1, **extra: Any) -> LocalCompletionsAPI:
+    return LocalCompletionsAPI(
+        model="sim",
+        base_url=f"{base_url}/v1/completions",
+        num_concurrent=num_concurrent,
+        batch_size=batch_size,
+        tokenizer_backend=None,
+        tokenized_requests=False,
+        max_retries=2,
+        **extra,
+    )
+
+
+def chat(base_url: str, num_concurrent: int = 8) -> LocalChatCompletion:
+    return LocalChatCompletion(
+        model="sim",
+        base_url=f"{base_url}/v1/chat/completions",
+        num_concurrent=num_concurrent,
+        tokenizer_backend=None,
+        tokenized_requests=False,
+        max_retries=2,
+    )
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Question: What is {i} + {2 * i + 1}?\nAnswer:" for i in range(n)]
+
+
+def generate(lm: Any, n: int, gen_kwargs: dict | None = None, chat_format: bool = False) -> list[str]:
+    """Run lm-eval's own generate_until on ``n`` arithmetic prompts."""
+    kwargs = dict(GEN_KWARGS if gen_kwargs is None else gen_kwargs)
+    requests = []
+    for i, text in enumerate(prompts(n)):
+        context: Any = JsonChatStr(json.dumps([{"role": "user", "content": text}])) if chat_format else text
+        requests.append(Instance(request_type="generate_until", doc={}, arguments=(context, kwargs), idx=i))
+    return lm.generate_until(requests)

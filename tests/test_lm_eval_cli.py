@@ -1,0 +1,125 @@
+"""The real ``python -m lm_eval`` command with the probe installed through sitecustomize.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import PYTHON, subprocess_env
+
+from probe import body
+from probe.inject import sitecustomize_text
+
+
+def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_tokens: int = 2048, **env: str):
+    command = [
+        PYTHON, "-m", "lm_eval",
+        "--model", "local-completions",
+        "--model_args",
+        f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=16,"
+        "tokenized_requests=False,tokenizer_backend=None,max_retries=2",
+        "--include_path", str(task.include_path), "--tasks", task.name,
+        "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
+        *extra,
+    ]  # fmt: skip
+    return subprocess.run(command, env=subprocess_env(site, **env), capture_output=True, text=True, timeout=300)
+
+
+def score(output: Path) -> float:
+    (results,) = output.glob("*/results_*.json")
+    return json.loads(results.read_text())["results"]["probe_arith"]["exact_match,strict-match"]
+
+
+def test_lm_eval_run_trips_and_finishes_with_a_real_results_file(sim, site_dir, local_task, tmp_path) -> None:
+    server = sim("never_stop")
+    output = tmp_path / "out"
+    run = lm_eval(site_dir, server, local_task, output, EVAL_RESULT_DIR=str(output))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "[lm-eval-probe] tripped" in run.stderr
+    assert score(output) == 0.0
+    sidecar = json.loads((output / body.SIDECAR_NAME).read_text())
+    assert sidecar["verdict"]["model"] == "sim" and sidecar["final"]["short_circuited_requests"] > 0
+    assert server.snapshot()["generate_requests"] < 40
+
+
+def test_healthy_lm_eval_run_scores_like_unprobed(sim, site_dir, local_task, tmp_path) -> None:
+    server = sim("healthy")
+    unprobed = lm_eval(None, server, local_task, tmp_path / "plain")
+    probed = lm_eval(site_dir, server, local_task, tmp_path / "probed", RESULT_DIR=str(tmp_path / "probed"))
+    assert unprobed.returncode == probed.returncode == 0
+    assert score(tmp_path / "plain") == score(tmp_path / "probed") == 1.0
+    assert not (tmp_path / "probed" / body.SIDECAR_NAME).exists()
+
+
+def test_use_cache_then_unprobed_rerun_gets_real_answers(sim, site_dir, local_task, tmp_path) -> None:
+    cache = str(tmp_path / "cache" / "lm")
+    never = sim("never_stop")
+    first = lm_eval(site_dir, never, local_task, tmp_path / "a", "--use_cache", cache, RESULT_DIR=str(tmp_path / "a"))
+    assert first.returncode == 0 and "[lm-eval-probe] tripped" in first.stderr
+    healthy = sim("healthy")
+    second = lm_eval(
+        None, healthy, local_task, tmp_path / "b", "--use_cache", cache, "--log_samples", HYPERLOOM_EVAL_PROBE="0"
+    )
+    assert second.returncode == 0, second.stderr[-2000:]
+    (samples,) = (tmp_path / "b").glob("*/samples_probe_arith_*.jsonl")
+    responses = [json.loads(line)["resps"][0][0] for line in samples.read_text().splitlines()]
+    # Only the blanks were kept out of the cache: the real (never-stopping) answers replay,
+    # and every short-circuited request is asked again, of the now healthy server.
+    assert "" not in responses
+    assert healthy.snapshot()["generate_requests"] == sum(1 for r in responses if not r.startswith(" and"))
+    assert healthy.snapshot()["generate_requests"] >= 24
+
+
+def test_python_without_lm_eval_starts_clean(site_dir) -> None:
+    """The system Python (no lm-eval) with the body installed: no output, stdlib only."""
+    env = subprocess_env(site_dir, PYTHONDONTWRITEBYTECODE="1")
+    run = subprocess.run(
+        ["python3", "-X", "importtime", "-c", "import json; print(json.dumps({'ok': True}))"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stdout == '{"ok": true}\n'
+    lines = [line for line in run.stderr.splitlines() if line.startswith("import time:")]
+    assert not [line for line in run.stderr.splitlines() if not line.startswith("import time:")]
+    names = [line.split("|")[-1] for line in lines]
+    site_index = next(i for i, name in enumerate(names) if name.strip() == "sitecustomize")
+    depth = len(names[site_index]) - len(names[site_index].lstrip())
+    # Imports nested under sitecustomize are listed just before it, indented deeper.
+    nested = []
+    for name in reversed(names[:site_index]):
+        if len(name) - len(name.lstrip()) <= depth:
+            break
+        nested.append(name.strip())
+    assert set(nested) <= {"importlib.util", "importlib.machinery", "importlib._abc", "_distutils_hack"}
+
+
+def test_body_appended_twice_installs_once(site_dir, sim, tmp_path) -> None:
+    site = site_dir / "sitecustomize.py"
+    site.write_text(sitecustomize_text() + sitecustomize_text())
+    check = (
+        "import lm_eval.models.api_models as m, sys\n"
+        "f = m.TemplateAPI.__dict__['amodel_call']\n"
+        "print(getattr(f, '__lm_eval_probe__', False), getattr(f.__wrapped__, '__lm_eval_probe__', False),"
+        " '_hyperloom_eval_probe' in sys.modules)\n"
+    )
+    run = subprocess.run([PYTHON, "-c", check], env=subprocess_env(site_dir), capture_output=True, text=True)
+    assert run.stdout.split() == ["True", "False", "True"], run.stderr
+
+
+def test_disabled_probe_leaves_lm_eval_untouched(site_dir) -> None:
+    check = "import lm_eval.models.api_models as m\nprint(hasattr(m.TemplateAPI.amodel_call, '__lm_eval_probe__'))"
+    run = subprocess.run(
+        [PYTHON, "-c", check],
+        env=subprocess_env(site_dir, HYPERLOOM_EVAL_PROBE="false"),
+        capture_output=True,
+        text=True,
+    )
+    assert run.stdout.strip() == "False" and run.stderr == ""
+
+
+def test_bad_knob_warns_once_in_a_real_process(site_dir) -> None:
+    check = "import lm_eval.models.api_models"
+    env = subprocess_env(site_dir, HYPERLOOM_EVAL_PROBE_MIN_SAMPLES="lots")
+    run = subprocess.run([PYTHON, "-c", check], env=env, capture_output=True, text=True)
+    assert run.returncode == 0
+    assert run.stderr.count("HYPERLOOM_EVAL_PROBE_MIN_SAMPLES='lots'") == 1

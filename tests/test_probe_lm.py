@@ -1,0 +1,260 @@
+"""The probe on real lm-eval model objects, talking HTTP to the simulated server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from lm_eval.models import api_models
+from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
+from lmhelpers import GEN_KWARGS, chat, completions, generate, prompts
+
+from probe import body
+
+
+def _cancelled(probe: body.Probe) -> int:
+    return sum(group.cancelled for group in probe.groups.values())
+
+
+def _sidecar(result_dir: Path) -> dict:
+    return json.loads((result_dir / body.SIDECAR_NAME).read_text())
+
+
+def test_trips_at_the_threshold_and_blanks_the_rest(sim, probed, result_dir) -> None:
+    server = sim("never_stop")
+    answers = generate(completions(server.base_url, num_concurrent=16), 40)
+    assert len(answers) == 40
+    real = [a for a in answers if a]
+    assert len(real) == 16 and all(a.startswith(" and") for a in real)
+    assert answers.count("") == 24
+    # The 16 observed, plus any cancelled in flight at the trip (the server saw them start).
+    assert server.snapshot()["generate_requests"] == 16 + _cancelled(probed)
+    verdict = _sidecar(result_dir)["verdict"]
+    assert (verdict["observations"], verdict["pathological"], verdict["pathology"]) == (16, 16, "non_terminating")
+    assert verdict["finish_reasons"] == {"length": 16} and verdict["max_tokens"] == [2048]
+
+
+def test_does_not_trip_below_min_samples(sim, probed, result_dir) -> None:
+    server = sim("never_stop")
+    answers = generate(completions(server.base_url), 15)
+    assert all(a.startswith(" and") for a in answers)
+    assert server.snapshot()["generate_requests"] == 15
+    assert not (result_dir / body.SIDECAR_NAME).exists()
+
+
+def test_knobs_change_the_threshold(sim, result_dir, monkeypatch) -> None:
+    monkeypatch.setenv(body.ENV_MIN_SAMPLES, "4")
+    server = sim("never_stop")
+    assert body.install()
+    try:
+        answers = generate(completions(server.base_url, num_concurrent=4), 12)
+    finally:
+        body.uninstall()
+    assert answers.count("") == 8
+    assert _sidecar(result_dir)["verdict"]["settings"][body.ENV_MIN_SAMPLES] == 4
+
+
+def test_short_budgets_are_not_evidence(sim, probed, result_dir) -> None:
+    server = sim("never_stop")
+    answers = generate(completions(server.base_url), 20, {**GEN_KWARGS, "max_tokens": 256})
+    assert all(a.startswith(" and") for a in answers)
+    assert probed.groups and all(g.tally.observed == 0 for g in probed.groups.values())
+
+
+def test_healthy_model_answers_exactly_as_unprobed(sim, result_dir) -> None:
+    server = sim("healthy")
+    unprobed = generate(completions(server.base_url), 40)
+    assert body.install()
+    try:
+        probed_answers = generate(completions(server.base_url), 40)
+    finally:
+        body.uninstall()
+    assert probed_answers == unprobed == [f" {3 * i + 1}" for i in range(40)]
+    assert not (result_dir / body.SIDECAR_NAME).exists()
+
+
+def test_repetition_counts_as_pathological(sim, probed, result_dir) -> None:
+    server = sim("repetition")
+    answers = generate(completions(server.base_url), 24)
+    assert answers.count("") == 8
+    verdict = _sidecar(result_dir)["verdict"]
+    assert verdict["repetition"] == 16 and verdict["finish_reasons"] == {"repetition": 16}
+
+
+def test_mixed_model_below_the_ratio_does_not_trip(sim, probed, result_dir) -> None:
+    server = sim("mixed", cap_fraction=0.3)
+    answers = generate(completions(server.base_url), 40)
+    assert "" not in answers
+    assert server.snapshot()["generate_requests"] == 40
+
+
+def test_gate_survives_a_fresh_event_loop(sim, probed, result_dir) -> None:
+    """lm-eval calls asyncio.run() per batch: the gate must not be bound to an old loop."""
+    server = sim("healthy")
+    lm = completions(server.base_url, num_concurrent=4)
+    first = generate(lm, 12)
+    second = generate(lm, 12, {**GEN_KWARGS, "until": ["Question:"]})
+    assert first == second and len(probed.gates) <= 2
+    assert server.snapshot()["generate_requests"] == 24
+
+
+def test_a_trip_ends_only_its_own_group(sim, probed, result_dir) -> None:
+    never = sim("never_stop")
+    lm = completions(never.base_url, num_concurrent=16)
+    assert generate(lm, 32).count("") == 16
+    # Another group (other stop sequences) gathers its own evidence before it trips.
+    assert generate(lm, 32, {**GEN_KWARGS, "until": ["Question:"]}).count("") == 16
+    final_groups = [g for g in probed.groups.values() if g.tripped]
+    assert len(final_groups) == 2
+
+
+def test_sync_path_trips_too(sim, probed, result_dir) -> None:
+    server = sim("never_stop")
+    answers = generate(completions(server.base_url, num_concurrent=1), 24)
+    assert answers.count("") == 8
+    assert server.snapshot()["generate_requests"] == 16
+
+
+def test_batched_completions_count_every_choice(sim, probed, result_dir) -> None:
+    server = sim("never_stop")
+    answers = generate(completions(server.base_url, num_concurrent=1, batch_size=4), 32)
+    assert answers.count("") == 16  # 4 requests x 4 prompts observed, then the rest blank
+    assert server.snapshot()["generate_requests"] == 4
+    assert _sidecar(result_dir)["verdict"]["observations"] == 16
+
+
+def test_chat_behind_a_replaced_static_parser(sim, result_dir) -> None:
+    """InferenceX replaces LocalChatCompletion.parse_generations before the probe installs."""
+    original = LocalChatCompletion.__dict__["parse_generations"]
+
+    def pipeline_parser(outputs, **kwargs):
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        return [(c.get("message") or {}).get("content") or "" for out in outputs for c in out["choices"]]
+
+    LocalChatCompletion.parse_generations = staticmethod(pipeline_parser)
+    server = sim("never_stop")
+    assert body.install()
+    try:
+        answers = generate(chat(server.base_url, num_concurrent=1), 24, chat_format=True)
+        assert isinstance(LocalChatCompletion.__dict__["parse_generations"], staticmethod)
+    finally:
+        body.uninstall()
+        assert LocalChatCompletion.__dict__["parse_generations"].__func__ is pipeline_parser
+        LocalChatCompletion.parse_generations = original
+    assert answers.count("") == 8 and server.snapshot()["generate_requests"] == 16
+
+
+def test_after_the_trip_no_generate_request_reaches_the_server_and_in_flight_ones_are_cancelled(
+    sim, result_dir, monkeypatch
+) -> None:
+    monkeypatch.setenv(body.ENV_MIN_SAMPLES, "2")
+    server = sim("never_stop", seconds_per_token=0.0002, jitter=2.0)  # 0.4 s to 1.2 s each
+    assert body.install()
+    started = time.monotonic()
+    try:
+        answers = generate(completions(server.base_url, num_concurrent=8), 40)
+        body.PROBE.finalise()
+    finally:
+        body.uninstall()
+    elapsed = time.monotonic() - started
+    stats = server.snapshot()
+    sidecar = _sidecar(result_dir)
+    tripped_at = sidecar["verdict"]["tripped_at"]
+    assert [t for t in stats["generate_request_times"] if t > tripped_at] == []
+    assert stats["generate_requests"] == stats["completed"] + stats["aborted"] <= 8 + 2
+    assert stats["aborted"] >= 1 and sidecar["final"]["cancelled_in_flight"] == stats["aborted"]
+    assert answers.count("") == 40 - stats["completed"]
+    assert elapsed < 30  # sanity bound only: the cancelled requests were not waited out
+
+
+def test_loglikelihood_is_never_short_circuited(sim, probed, result_dir) -> None:
+    server = sim("never_stop")
+    lm = completions(server.base_url, num_concurrent=16)
+    assert generate(lm, 20).count("") == 4
+    tokens = [[1, 2, 3, 4], [5, 6, 7]]
+    lm.tokenized_requests = True  # loglikelihood requests travel as token ids
+    results = asyncio.run(
+        lm.get_batched_requests(tokens, cache_keys=[("a", "b"), ("c", "d")], generate=False, ctxlens=[2, 1])
+    )
+    assert [r for batch in results for r in batch] == [(-1.0, True), (-1.0, True)]
+    assert server.snapshot()["loglikelihood_requests"] == 2
+
+
+def test_disable_switch_patches_nothing(sim, result_dir, monkeypatch) -> None:
+    monkeypatch.setenv(body.ENV_SWITCH, "off")
+    before = api_models.TemplateAPI.__dict__["amodel_call"]
+    assert body.install() is False
+    assert api_models.TemplateAPI.__dict__["amodel_call"] is before
+    server = sim("never_stop")
+    assert all(generate(completions(server.base_url), 24))
+    assert server.snapshot()["generate_requests"] == 24
+
+
+def test_install_twice_patches_once_and_uninstall_restores(result_dir) -> None:
+    originals = {n: api_models.TemplateAPI.__dict__[n] for n in ("amodel_call", "model_call")}
+    assert body.install() and body.install()
+    try:
+        for name, original in originals.items():
+            assert api_models.TemplateAPI.__dict__[name].__wrapped__ is original
+    finally:
+        body.uninstall()
+    for name, original in originals.items():
+        assert api_models.TemplateAPI.__dict__[name] is original
+
+
+def test_unwritable_result_dir_means_no_short_circuit(sim, tmp_path, monkeypatch, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("RESULT_DIR", str(blocker / "results"))
+    server = sim("never_stop")
+    assert body.install()
+    try:
+        answers = generate(completions(server.base_url), 30)
+    finally:
+        body.uninstall()
+    assert all(answers) and server.snapshot()["generate_requests"] == 30
+    assert "TRIP NOT APPLIED" in capsys.readouterr().err
+
+
+def test_malformed_responses_are_not_evidence(sim, probed, result_dir) -> None:
+    bad = {"choices": [{"index": 0, "text": " 1", "finish_reason": 42}], "usage": {"completion_tokens": "many"}}
+    server = sim("malformed", malformed_body=bad)
+    answers = generate(completions(server.base_url), 20)
+    assert answers == [" 1"] * 20
+    assert all(g.tally.observed == 0 for g in probed.groups.values())
+
+
+def test_an_internal_error_is_contained_and_reported_once(sim, probed, result_dir, monkeypatch, capsys) -> None:
+    def broken(self, request, response):
+        raise RuntimeError("probe bug")
+
+    monkeypatch.setattr(body.Probe, "observe", broken)
+    server = sim("healthy")
+    assert generate(completions(server.base_url), 20) == [f" {3 * i + 1}" for i in range(20)]
+    err = capsys.readouterr().err
+    assert err.count("internal error in observe") == 1 and "probe bug" in err
+
+
+def test_short_circuit_answers_never_reach_the_cache_hook(sim, probed, result_dir, tmp_path) -> None:
+    from lm_eval.api.model import CachingLM
+
+    server = sim("never_stop")
+    lm = completions(server.base_url, num_concurrent=16)
+    cached = CachingLM(lm, str(tmp_path / "cache.db"))
+    answers = generate(cached, 40)
+    stored = list(cached.dbdict._inner.values())
+    assert answers.count("") == 24
+    assert len(stored) == 16 and all(s.startswith(" and") for s in stored)
+
+
+@pytest.mark.parametrize("cls", [LocalCompletionsAPI, LocalChatCompletion])
+def test_parser_hook_keeps_the_method_kind(cls, probed) -> None:
+    raw_before = cls.__dict__.get("parse_generations")
+    body._hook_parser(cls)
+    raw_after = cls.__dict__.get("parse_generations")
+    assert type(raw_after) is type(raw_before)
+    assert body._is_ours(raw_after)
+    assert len(prompts(1)) == 1
