@@ -40,6 +40,8 @@ ENV_MIN_SAMPLES = "HYPERLOOM_EVAL_PROBE_MIN_SAMPLES"
 ENV_LENGTH_RATIO = "HYPERLOOM_EVAL_PROBE_LENGTH_RATIO"
 ENV_MIN_MAX_TOKENS = "HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS"
 RESULT_DIR_VARS = ("RESULT_DIR", "EVAL_RESULT_DIR")
+# Set by `eval-probe run`: where to write, at exit, what the probe observed (tripped or not).
+ENV_REPORT = "HYPERLOOM_EVAL_PROBE_REPORT"
 OFF_VALUES = ("0", "false", "off", "no")
 ON_VALUES = ("", "1", "true", "on", "yes")
 # finish_reason values that mean "the model did not choose to stop".
@@ -252,8 +254,9 @@ def public_url(url: Any) -> str | None:
     return f"{scheme}{sep}{host}{slash}{path}"
 
 
-def _write_temp(directory: str, document: Mapping[str, Any]) -> str:
-    temp = os.path.join(directory, f".{SIDECAR_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
+def _write_temp(path: str, document: Mapping[str, Any]) -> str:
+    directory, name = os.path.split(path)
+    temp = os.path.join(directory or ".", f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(temp, "w", encoding="utf-8") as handle:
         json.dump(document, handle, indent=2, sort_keys=True)
         handle.write("\n")
@@ -271,7 +274,7 @@ def write_sidecar_once(path: str, document: Mapping[str, Any]) -> bool:
     """
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)  # lm-eval itself creates it only at the end
-    temp = _write_temp(directory, document)
+    temp = _write_temp(path, document)
     try:
         os.link(temp, path)  # fails if path exists: first writer wins, across processes
         return True
@@ -281,9 +284,9 @@ def write_sidecar_once(path: str, document: Mapping[str, Any]) -> bool:
         os.unlink(temp)
 
 
-def rewrite_sidecar(path: str, document: Mapping[str, Any]) -> None:
-    """Atomically replace ``path`` with ``document``."""
-    temp = _write_temp(os.path.dirname(path) or ".", document)
+def write_json_atomic(path: str, document: Mapping[str, Any]) -> None:
+    """Atomically replace (or create) ``path`` with ``document`` as JSON."""
+    temp = _write_temp(path, document)
     try:
         os.replace(temp, path)
     except OSError:
@@ -551,8 +554,19 @@ class Probe:
                 "short_circuited_groups": groups,
                 "written_at": time.time(),
             }
-            rewrite_sidecar(self.sidecar, document)
+            write_json_atomic(self.sidecar, document)
             self.sidecar_document = None
+
+    def report_document(self) -> dict[str, Any]:
+        """Everything this process observed, per group, whether or not it tripped."""
+        with self.lock:
+            return {
+                "probe_version": PROBE_VERSION,
+                "pid": os.getpid(),
+                "settings": self.settings.as_dict(),
+                "settings_fingerprint": settings_fingerprint(self.settings),
+                "groups": [group.summary() for group in self.groups.values()],
+            }
 
     # ---- the gate
 
@@ -849,8 +863,15 @@ def uninstall() -> None:
 
 def _finalise_at_exit() -> None:
     probe = PROBE
-    if probe is not None:
+    if probe is None:
+        return
+    try:
+        probe.finalise()
+    except Exception as error:
+        _say(f"could not add the final counters to the sidecar: {error!r}")
+    report = os.environ.get(ENV_REPORT)
+    if report:
         try:
-            probe.finalise()
+            write_json_atomic(report, probe.report_document())
         except Exception as error:
-            _say(f"could not add the final counters to the sidecar: {error!r}")
+            _say(f"could not write the observation report {report}: {error!r}")

@@ -61,6 +61,6 @@ def test_processes_racing_leave_exactly_one_complete_sidecar(tmp_path: Path) -> 
 def test_rewrite_is_atomic_replace(tmp_path: Path) -> None:
     path = str(tmp_path / body.SIDECAR_NAME)
     body.write_sidecar_once(path, {"final": None})
-    body.rewrite_sidecar(path, {"final": {"short_circuited_requests": 3}})
+    body.write_json_atomic(path, {"final": {"short_circuited_requests": 3}})
     assert json.loads(Path(path).read_text())["final"]["short_circuited_requests"] == 3
     assert os.listdir(tmp_path) == [body.SIDECAR_NAME]

@@ -1,0 +1,139 @@
+"""Text surgery on InferenceX's benchmark_lib.sh (pure: text in, text out).
+
+The probe block goes inside ``_patch_lm_eval()``, immediately before the one
+``export PYTHONPATH=...`` line that ends it (the anchor). It appends the probe's
+sitecustomize text to the file the pipeline has just written, so the probe installs
+after, and on top of, the pipeline's own patches. Works on both shapes of the function
+in InferenceX's history: the pipeline's Python written by a heredoc, or copied from
+``utils/evals/patches``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from patcher.errors import AMBIGUOUS_ANCHOR, DAMAGED_BLOCK, NO_ANCHOR, NO_FUNCTION, PatchError
+
+FUNCTION = "_patch_lm_eval"
+DELIMITER = "LM_EVAL_PROBE_BODY"
+BEGIN = "# >>> lm-eval-probe patch"
+END = "# <<< lm-eval-probe patch <<<"
+_FUNCTION_RE = re.compile(rf"^\s*(?:function\s+)?{FUNCTION}\s*(?:\(\s*\))?\s*\{{?\s*$")
+_ANCHOR_RE = re.compile(r"^\s*export\s+PYTHONPATH=")
+_TARGET_RE = re.compile(r"""(["']?)\$\{?(\w+)\}?/sitecustomize\.py\1""")
+_BEGIN_RE = re.compile(rf"^\s*{re.escape(BEGIN)} v(?P<version>\S+) body=(?P<digest>[0-9a-f]+) ")
+
+
+@dataclass(frozen=True)
+class Status:
+    """What a file holds: no block, or a block of some version and body digest."""
+
+    patched: bool
+    version: str | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class _Block:
+    start: int
+    end: int  # one past the end marker
+    version: str
+    digest: str
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def _find_block(lines: list[str]) -> _Block | None:
+    starts = [i for i, line in enumerate(lines) if _BEGIN_RE.match(line)]
+    if not starts:
+        return None
+    if len(starts) > 1:
+        raise PatchError(DAMAGED_BLOCK, f"found {len(starts)} lm-eval-probe blocks (lines {starts}); expected one")
+    start = starts[0]
+    match = _BEGIN_RE.match(lines[start])
+    assert match is not None
+    try:
+        closing = lines.index(DELIMITER + "\n", start + 2)
+    except ValueError:
+        raise PatchError(
+            DAMAGED_BLOCK, f"the lm-eval-probe block at line {start + 1} has no heredoc terminator {DELIMITER!r}"
+        ) from None
+    if closing + 1 >= len(lines) or lines[closing + 1].strip() != END:
+        raise PatchError(DAMAGED_BLOCK, f"the lm-eval-probe block at line {start + 1} has no end marker {END!r}")
+    return _Block(start, closing + 2, match["version"], match["digest"])
+
+
+def status(text: str) -> Status:
+    """Whether ``text`` holds a probe block, and which one."""
+    block = _find_block(_lines(text))
+    return Status(False) if block is None else Status(True, block.version, block.digest)
+
+
+def unpatch(text: str) -> str:
+    """``text`` without the probe block: byte for byte what it was before patching."""
+    lines = _lines(text)
+    block = _find_block(lines)
+    return text if block is None else "".join(lines[: block.start] + lines[block.end :])
+
+
+def _locate(lines: list[str]) -> tuple[int, str]:
+    """The anchor's line index and the sitecustomize.py path expression to append to."""
+    starts = [i for i, line in enumerate(lines) if _FUNCTION_RE.match(line)]
+    if not starts:
+        raise PatchError(NO_FUNCTION, f"expected a function {FUNCTION}() in the file; found none")
+    if len(starts) > 1:
+        raise PatchError(
+            AMBIGUOUS_ANCHOR,
+            f"expected one {FUNCTION}() definition; found {len(starts)} (lines {[s + 1 for s in starts]})",
+        )
+    start = starts[0]
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].rstrip("\n").rstrip() == "}"), None)
+    if end is None:
+        raise PatchError(NO_FUNCTION, f"{FUNCTION}() at line {start + 1} never closes with '}}' at column 0")
+    anchors = [i for i in range(start + 1, end) if _ANCHOR_RE.match(lines[i])]
+    if not anchors:
+        raise PatchError(
+            NO_ANCHOR,
+            f"expected one 'export PYTHONPATH=...' line ending {FUNCTION}() (lines {start + 1}-{end + 1}); found none",
+        )
+    if len(anchors) > 1:
+        found = ", ".join(f"line {i + 1}: {lines[i].strip()}" for i in anchors)
+        raise PatchError(AMBIGUOUS_ANCHOR, f"expected one 'export PYTHONPATH=...' line in {FUNCTION}(); found {found}")
+    targets = {m.group(0) for i in range(start + 1, anchors[0]) for m in _TARGET_RE.finditer(lines[i])}
+    if len(targets) != 1:
+        raise PatchError(
+            NO_ANCHOR,
+            f"expected {FUNCTION}() to write one sitecustomize.py before line {anchors[0] + 1}; "
+            f"found {sorted(targets)}",
+        )
+    target = targets.pop()
+    if not target.startswith('"'):
+        target = f'"{target.strip(chr(39))}"'
+    return anchors[0], target
+
+
+def block(body_text: str, version: str, digest: str, indent: str, target: str) -> str:
+    """The bash lines that append ``body_text`` to ``target``, framed by markers."""
+    if DELIMITER in body_text.splitlines():
+        raise PatchError(DAMAGED_BLOCK, f"the probe body contains the heredoc terminator line {DELIMITER!r}; refusing")
+    if not body_text.endswith("\n"):
+        body_text += "\n"
+    return (
+        f"{indent}{BEGIN} v{version} body={digest} (remove with: eval-probe patch --unpatch) >>>\n"
+        f"{indent}cat >> {target} <<'{DELIMITER}'\n"
+        f"{body_text}"
+        f"{DELIMITER}\n"
+        f"{indent}{END}\n"
+    )
+
+
+def patch(text: str, body_text: str, version: str, digest: str) -> str:
+    """``text`` with the probe block (a newer one replaces an older one)."""
+    lines = _lines(unpatch(text))
+    anchor, target = _locate(lines)
+    indent = lines[anchor][: len(lines[anchor]) - len(lines[anchor].lstrip())]
+    new = block(body_text, version, digest, indent, target)
+    return "".join(lines[:anchor]) + new + "".join(lines[anchor:])

@@ -1,0 +1,189 @@
+"""``eval-probe``: the one command line of lm-eval-probe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from probe.body import PROBE_VERSION
+
+USAGE_ERROR = 64  # EX_USAGE: distinct from every command's own exit codes
+
+EPILOG = """commands:
+  demo     start a simulated never-stopping server, evaluate a bundled task with lm-eval
+           unprobed and probed, and compare them (no GPU, no download)
+  run      run any command (typically python -m lm_eval ...) with the probe active
+  read     turn a result directory into a verdict (ok / below_floor / unavailable)
+  patch    put the probe into InferenceX's benchmark_lib.sh (or check, unpatch, preview)
+  install  write the probe as DIR/sitecustomize.py for any lm-eval run
+  body     print the exact text that gets injected into a sitecustomize.py
+
+knobs (environment): HYPERLOOM_EVAL_PROBE=0|false|off disables the probe;
+HYPERLOOM_EVAL_PROBE_MIN_SAMPLES (16), HYPERLOOM_EVAL_PROBE_LENGTH_RATIO (0.75),
+HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024). The sidecar goes to $RESULT_DIR, else
+$EVAL_RESULT_DIR, else the current directory."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with USAGE_ERROR, so usage errors never look like a verdict."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _cmd_body(args: argparse.Namespace) -> int:
+    from probe.inject import sitecustomize_text
+
+    sys.stdout.write(sitecustomize_text(chain=args.standalone))
+    return 0
+
+
+def _cmd_patch(args: argparse.Namespace) -> int:
+    from patcher.errors import PatchError
+    from patcher.files import check_file, patch_file, unpatch_file
+
+    path = Path(args.path)
+    try:
+        if args.check:
+            outcome = check_file(path)
+        elif args.unpatch:
+            outcome = unpatch_file(path, dry_run=args.dry_run)
+        else:
+            outcome = patch_file(path, dry_run=args.dry_run)
+    except PatchError as error:
+        print(f"eval-probe patch: {error}\nThe file was left untouched.", file=sys.stderr)
+        return error.code
+    print(outcome.message)
+    return outcome.code
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    from patcher.errors import PatchError
+    from patcher.install import install
+
+    try:
+        outcome = install(Path(args.directory))
+    except PatchError as error:
+        print(f"eval-probe install: {error}", file=sys.stderr)
+        return error.code
+    print(outcome.message)
+    return outcome.code
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from patcher.runner import run
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("eval-probe run: give the command after --, e.g. eval-probe run -- lm_eval ...", file=sys.stderr)
+        return USAGE_ERROR
+    return run(command, args.result_dir)
+
+
+def _cmd_read(args: argparse.Namespace) -> int:
+    from probe.verdict import STATUSES, classify, describe
+
+    if not Path(args.result_dir).is_dir():
+        print(f"eval-probe read: {args.result_dir} is not a directory", file=sys.stderr)
+        return USAGE_ERROR
+    verdict = classify(args.result_dir, args.floor, args.task, args.metric, not args.lower_is_better)
+    print(json.dumps(verdict, indent=2) if args.json else describe(verdict))
+    return STATUSES.index(verdict["status"])
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from probe.demo import demo
+
+    return demo(args.base_url, args.model, args.docs, args.max_tokens, args.concurrency)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="eval-probe",
+        description="lm-eval-probe: notice inside lm-eval that a served model never stops generating, "
+        "end the waste in minutes, and explain the resulting zero.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"lm-eval-probe {PROBE_VERSION}")
+    commands = parser.add_subparsers(dest="name", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, **kw: object) -> _Parser:
+        # The list of commands shows the first sentence; each command's --help shows it all.
+        sub = commands.add_parser(name, help=help.split(". ")[0].rstrip("."), description=help, **kw)  # type: ignore[arg-type]
+        sub.set_defaults(handler=handler)
+        return sub
+
+    body = command("body", _cmd_body, "Print the exact text injected into a sitecustomize.py.")
+    body.add_argument(
+        "--standalone", action="store_true", help="the variant for a sitecustomize.py of our own (chains the next one)"
+    )
+
+    patch = command(
+        "patch",
+        _cmd_patch,
+        "Put the probe into InferenceX's benchmark_lib.sh, inside _patch_lm_eval(), before its "
+        "'export PYTHONPATH=...' line. Exit codes: 0 done (or --check: patched and current), 1 --check: "
+        "not patched or outdated, 3 file missing/not a file/not UTF-8, 4 no _patch_lm_eval(), 5 no anchor, "
+        "6 more than one candidate anchor, 7 the result would fail bash -n, 8 a damaged probe block.",
+    )
+    patch.add_argument("path", help="path to benchmark_lib.sh")
+    mode = patch.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="report whether the file holds the current probe")
+    mode.add_argument("--unpatch", action="store_true", help="remove the probe block, restoring the file exactly")
+    patch.add_argument("--dry-run", action="store_true", help="print the unified diff; write nothing")
+
+    install = command("install", _cmd_install, "Write the probe as DIR/sitecustomize.py (or add it to one there).")
+    install.add_argument("directory", help="a directory to put first on PYTHONPATH")
+
+    run = command(
+        "run",
+        _cmd_run,
+        "Run COMMAND with the probe active, then print a verdict; exits with COMMAND's exit code.",
+        usage="eval-probe run [--result-dir DIR] -- COMMAND...",
+    )
+    run.add_argument(
+        "--result-dir", help="where the sidecar goes (default: the --output_path in COMMAND, else a new directory)"
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+
+    read = command(
+        "read",
+        _cmd_read,
+        "Turn a result directory into a verdict. Exit codes: 0 ok, 1 below_floor, 2 unavailable, 64 usage error.",
+    )
+    read.add_argument("result_dir", help="lm-eval's --output_path (holds the sidecar and <model>/results_*.json)")
+    read.add_argument("--floor", type=float, default=0.01, help="the lowest usable score (default 0.01)")
+    read.add_argument("--task", help="task name (default: the first task in the results file)")
+    read.add_argument("--metric", help="metric key, e.g. exact_match,strict-match (default: first accuracy-like)")
+    read.add_argument("--lower-is-better", action="store_true", help="the metric is an error rate, not an accuracy")
+    read.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+    demo = command(
+        "demo",
+        _cmd_demo,
+        "Evaluate a bundled task against a never-stopping model, unprobed then probed, and compare.",
+    )
+    demo.add_argument("--base-url", help="a real OpenAI-compatible server (default: a simulated one, in-process)")
+    demo.add_argument("--model", default="sim-never-stop", help="the served model name (with --base-url)")
+    demo.add_argument("--docs", type=int, default=64, help="documents in the task (default 64)")
+    demo.add_argument("--max-tokens", type=int, default=4096, help="the per-request budget (default 4096)")
+    demo.add_argument("--concurrency", type=int, default=16, help="lm-eval's num_concurrent (default 16)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return USAGE_ERROR
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""``eval-probe demo``: the same evaluation of a never-stopping model, unprobed and probed.
+
+Needs no GPU and no download: a simulated never-stopping server runs in-process (or
+``--base-url`` points at a real one), lm-eval evaluates a bundled local task, and the
+two runs are compared side by side, followed by the reader's verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from probe.inject import sitecustomize_text
+from probe.localtask import LocalTask, write_task
+from probe.simserver import SimServer
+from probe.verdict import classify, describe
+
+# One full-length simulated generation takes max_tokens x this: 4096 tokens in ~8 s.
+SECONDS_PER_TOKEN = 0.002
+
+
+@dataclass
+class RunFigures:
+    requests: int | None
+    tokens: int | None
+    wall_s: float
+    exit_code: int
+    score: float | None
+
+
+def _counters(server: SimServer | None, base_url: str) -> tuple[int | None, int | None]:
+    """(generate requests, generated tokens) so far, from the simulated server or vLLM's /metrics."""
+    if server is not None:
+        stats = server.snapshot()
+        return stats["generate_requests"], stats["tokens_generated"]
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None, None
+    tokens = requests = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            tokens += float(line.split()[-1])
+        elif line.startswith("vllm:request_success_total"):
+            requests += float(line.split()[-1])
+    return int(requests), int(tokens)
+
+
+def _lm_eval_command(base_url: str, model: str, task: LocalTask, output: Path, max_tokens: int, conc: int) -> list[str]:
+    return [
+        sys.executable, "-m", "lm_eval",
+        "--model", "local-completions",
+        "--model_args", f"model={model},base_url={base_url}/v1/completions,num_concurrent={conc},"
+        "tokenized_requests=False,tokenizer_backend=None,max_retries=3",
+        "--include_path", str(task.include_path), "--tasks", task.name,
+        "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
+    ]  # fmt: skip
+
+
+def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[], tuple]) -> tuple[int, float]:
+    """Run ``run`` while showing elapsed time and the server's counters on one line."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def progress() -> None:
+        while not done.wait(1.0):
+            requests, tokens = counters()
+            print(f"\r  {label}: {time.monotonic() - started:5.0f} s, server: {requests} requests, "
+                  f"{tokens} tokens   ", end="", file=sys.stderr, flush=True)  # fmt: skip
+
+    ticker = threading.Thread(target=progress, daemon=True)
+    ticker.start()
+    try:
+        code = run()
+    finally:
+        done.set()
+        ticker.join()
+    wall = time.monotonic() - started
+    print(f"\r  {label}: done in {wall:.1f} s (exit {code}; lm-eval log: {log})" + " " * 20, file=sys.stderr)
+    return code, wall
+
+
+def demo(base_url: str | None, model: str, docs: int, max_tokens: int, concurrency: int) -> int:
+    """Run the comparison; returns 0 when both runs finished and the probe tripped."""
+    work = Path(tempfile.mkdtemp(prefix="eval-probe-demo-"))
+    task = write_task(work / "task", docs)
+    server = None
+    if base_url is None:
+        server = SimServer("never_stop", seconds_per_token=SECONDS_PER_TOKEN).start()
+        base_url, model = server.base_url, "sim-never-stop"
+        print(f"simulated never-stopping model at {base_url} (one full generation: "
+              f"{max_tokens * SECONDS_PER_TOKEN:.0f} s)", file=sys.stderr)  # fmt: skip
+    site = work / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(sitecustomize_text(chain=True), encoding="utf-8")
+    print(f"task: {docs} documents, max_tokens={max_tokens}, num_concurrent={concurrency}; work dir {work}",
+          file=sys.stderr)  # fmt: skip
+    figures: dict[str, RunFigures] = {}
+    try:
+        for label, probed in (("unprobed", False), ("probed", True)):
+            output = work / label
+            env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}
+            env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HYPERLOOM_EVAL_PROBE="1" if probed else "0")
+            env["RESULT_DIR"] = str(output)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+            command = _lm_eval_command(base_url, model, task, output, max_tokens, concurrency)
+            log = work / f"{label}.log"
+            before = _counters(server, base_url)
+
+            def call(command: list[str] = command, env: dict = env, log: Path = log) -> int:
+                with log.open("w") as handle:
+                    return subprocess.call(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
+
+            code, wall = _timed(label, log, call, lambda: _counters(server, base_url))
+            after = _counters(server, base_url)
+            delta = [None if a is None or b is None else a - b for a, b in zip(after, before, strict=True)]
+            verdict = classify(output, floor=0.01)
+            figures[label] = RunFigures(delta[0], delta[1], wall, code, verdict["score"])
+            if probed:
+                print(_table(figures))
+                print("\nthe reader's verdict on the probed run (eval-probe read " + str(output) + "):")
+                print(describe(verdict))
+                return 0 if code == 0 and verdict["pathology"] else 1
+    finally:
+        if server is not None:
+            server.stop()
+    return 1
+
+
+def _table(figures: dict[str, RunFigures]) -> str:
+    def cell(value: object) -> str:
+        return "n/a" if value is None else f"{value:,}" if isinstance(value, int) else f"{value}"
+
+    rows = [("", "requests sent", "tokens generated", "wall time", "score", "exit")]
+    for label, f in figures.items():
+        rows.append((label, cell(f.requests), cell(f.tokens), f"{f.wall_s:.1f} s", cell(f.score), str(f.exit_code)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    plain, probed = figures.get("unprobed"), figures.get("probed")
+    if plain and probed and plain.tokens and probed.tokens is not None:
+        lines.append(f"\nthe probe saved {1 - probed.tokens / plain.tokens:.0%} of the generated tokens and "
+                     f"{plain.wall_s - probed.wall_s:.0f} s of wall time")  # fmt: skip
+    return "\n" + "\n".join(lines)

@@ -1,0 +1,23 @@
+"""Reading scores: a measured 0.0 is a measurement; NaN, inf and non-numbers are not."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+
+def finite_score(value: object) -> float | None:
+    """``value`` as a float when it is a finite real number (0.0 included), else None.
+
+    Booleans, strings (numeric or not), None, NaN and +/-inf are all None: a score is
+    only what lm-eval measured, never something coerced into looking like one.
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return None
+    result = float(value)
+    return result if math.isfinite(result) else None
+
+
+def accuracy_meets_floor(score: float, floor: float, higher_is_better: bool = True) -> bool:
+    """Whether a finite ``score`` is usable against ``floor`` (inclusive)."""
+    return score >= floor if higher_is_better else score <= floor
