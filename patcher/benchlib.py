@@ -19,7 +19,8 @@ FUNCTION = "_patch_lm_eval"
 DELIMITER = "LM_EVAL_PROBE_BODY"
 BEGIN = "# >>> lm-eval-probe patch"
 END = "# <<< lm-eval-probe patch <<<"
-_FUNCTION_RE = re.compile(rf"^\s*(?:function\s+)?{FUNCTION}\s*(?:\(\s*\))?\s*\{{?\s*$")
+# A definition: "name() {", "function name {" or "function name() {" (the brace may follow).
+_FUNCTION_RE = re.compile(rf"^\s*(?:function\s+{FUNCTION}\s*(?:\(\s*\))?|{FUNCTION}\s*\(\s*\))\s*\{{?\s*$")
 _ANCHOR_RE = re.compile(r"^\s*export\s+PYTHONPATH=")
 _TARGET_RE = re.compile(r"""(["']?)\$\{?(\w+)\}?/sitecustomize\.py\1""")
 _BEGIN_RE = re.compile(rf"^\s*{re.escape(BEGIN)} v(?P<version>\S+) body=(?P<digest>[0-9a-f]+) ")

@@ -27,6 +27,26 @@ HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024). The sidecar goes to $RESULT_DIR, els
 $EVAL_RESULT_DIR, else the current directory."""
 
 
+PATCH_EXIT_CODES = """exit codes:
+  0  done; with --check: patched with the current probe
+  1  --check only: not patched, or patched with another version (run patch again)
+  3  the path is missing, a directory, or not UTF-8
+  4  no _patch_lm_eval() function (or it never closes)
+  5  no 'export PYTHONPATH=...' anchor (or no sitecustomize.py written) in it
+  6  more than one candidate anchor, or more than one _patch_lm_eval()
+  7  the patched file would fail bash -n (nothing written)
+  8  a damaged probe block, or a body that contains the heredoc terminator
+ 64  usage error
+In every non-zero case except 1 the file is left untouched."""
+
+READ_EXIT_CODES = """exit codes:
+  0  ok: a finite score that meets the floor, and the probe did not trip
+  1  below_floor: a finite score under the floor (a measured 0.0 included), or the probe
+     tripped (a generation pathology; the evidence is printed)
+  2  unavailable: no results file, no finite score, or an unreadable sidecar
+ 64  usage error"""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that exits with USAGE_ERROR, so usage errors never look like a verdict."""
 
@@ -126,10 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     patch = command(
         "patch",
         _cmd_patch,
-        "Put the probe into InferenceX's benchmark_lib.sh, inside _patch_lm_eval(), before its "
-        "'export PYTHONPATH=...' line. Exit codes: 0 done (or --check: patched and current), 1 --check: "
-        "not patched or outdated, 3 file missing/not a file/not UTF-8, 4 no _patch_lm_eval(), 5 no anchor, "
-        "6 more than one candidate anchor, 7 the result would fail bash -n, 8 a damaged probe block.",
+        "Put the probe into InferenceX's benchmark_lib.sh, inside _patch_lm_eval(), right before the "
+        "'export PYTHONPATH=...' line that ends it.",
+        epilog=PATCH_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     patch.add_argument("path", help="path to benchmark_lib.sh")
     mode = patch.add_mutually_exclusive_group()
@@ -154,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     read = command(
         "read",
         _cmd_read,
-        "Turn a result directory into a verdict. Exit codes: 0 ok, 1 below_floor, 2 unavailable, 64 usage error.",
+        "Turn a result directory into a verdict: ok, below_floor or unavailable.",
+        epilog=READ_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     read.add_argument("result_dir", help="lm-eval's --output_path (holds the sidecar and <model>/results_*.json)")
     read.add_argument("--floor", type=float, default=0.01, help="the lowest usable score (default 0.01)")

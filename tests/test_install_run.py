@@ -1,0 +1,140 @@
+"""`eval-probe install DIR` and `eval-probe run -- COMMAND`, in real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import PYTHON, subprocess_env
+
+from patcher.install import install
+from patcher.runner import output_path_in
+from probe import body
+from probe.inject import BEGIN
+
+USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
+CHECK = (
+    "import lm_eval.models.api_models as m\n"
+    "print(getattr(m.TemplateAPI.__dict__['amodel_call'], '__lm_eval_probe__', False))\n"
+)
+
+
+def test_install_into_an_empty_dir_chains_the_shadowed_sitecustomize(tmp_path: Path) -> None:
+    user, ours = tmp_path / "user", tmp_path / "ours"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(USER_SITE)
+    assert install(ours).code == 0
+    env = subprocess_env(None, PYTHONPATH=f"{ours}:{user}")
+    run = subprocess.run([PYTHON, "-c", CHECK], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "True"
+    assert run.stderr.count("user sitecustomize ran") == 1
+
+
+def test_install_appends_to_an_existing_sitecustomize_idempotently(tmp_path: Path) -> None:
+    site = tmp_path / "sitecustomize.py"
+    site.write_text(USER_SITE)
+    assert "appended" in install(tmp_path).message
+    once = site.read_text()
+    assert once.startswith(USER_SITE) and once.count(BEGIN) == 1
+    assert "nothing changed" in install(tmp_path).message
+    assert site.read_text() == once
+    run = subprocess.run([PYTHON, "-c", CHECK], env=subprocess_env(tmp_path), capture_output=True, text=True)
+    assert run.stdout.strip() == "True" and "user sitecustomize ran" in run.stderr
+
+
+def test_output_path_is_found_in_the_command() -> None:
+    assert output_path_in(["lm_eval", "--output_path", "/r"]) == "/r"
+    assert output_path_in(["lm_eval", "--output_path=/r"]) == "/r"
+    assert output_path_in(["lm_eval", "-o", "/r"]) == "/r"
+    assert output_path_in(["lm_eval", "--tasks", "x"]) is None
+
+
+def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.CompletedProcess:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    return subprocess.run(
+        [PYTHON, "-m", "probe", "run", "--", *command],
+        env=subprocess_env(None, TMPDIR=str(scratch), **env), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> None:
+    server = sim("never_stop")
+    output = tmp_path / "out"
+    run = eval_probe_run(
+        tmp_path, PYTHON, "-m", "lm_eval", "--model", "local-completions",
+        "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=16,"
+        "tokenized_requests=False,tokenizer_backend=None",
+        "--include_path", str(local_task.include_path), "--tasks", local_task.name,
+        "--output_path", str(output), "--gen_kwargs", "max_tokens=2048",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"sidecar and results go to {output}" in run.stderr
+    assert "verdict: TRIPPED (non_terminating): 16/16" in run.stderr
+    assert (output / body.SIDECAR_NAME).exists()
+    assert list((tmp_path / "scratch").iterdir()) == []  # the temporary site dir is gone
+
+
+def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_path: Path) -> None:
+    server = sim("healthy")
+    run = eval_probe_run(
+        tmp_path, PYTHON, "-m", "lm_eval", "--model", "local-completions",
+        "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=8,"
+        "tokenized_requests=False,tokenizer_backend=None",
+        "--include_path", str(local_task.include_path), "--tasks", local_task.name,
+        "--output_path", str(tmp_path / "out"), "--gen_kwargs", "max_tokens=2048",
+    )  # fmt: skip
+    assert run.returncode == 0
+    assert "the probe did not trip: 0 of 40 generations observed ended at the cap" in run.stderr
+
+
+def test_run_passes_the_exit_code_through(tmp_path: Path) -> None:
+    run = eval_probe_run(tmp_path, PYTHON, "-c", "import sys, os; print(os.environ['RESULT_DIR']); sys.exit(3)")
+    assert run.returncode == 3
+    assert Path(run.stdout.strip()).is_dir()  # no --output_path: a new directory, named
+    assert list((tmp_path / "scratch").iterdir()) == [Path(run.stdout.strip())]
+
+
+def test_run_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
+    assert eval_probe_run(tmp_path).returncode == 64
+
+
+def test_ctrl_c_reaches_the_child(tmp_path: Path) -> None:
+    child = (
+        "import sys, time\n"
+        "print('ready', flush=True)\n"
+        "try:\n    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n    print('child got Ctrl-C', flush=True)\n    sys.exit(130)\n"
+    )
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "probe", "run", "--result-dir", str(tmp_path / "r"), "--", PYTHON, "-c", child],
+        env=subprocess_env(None, TMPDIR=str(scratch)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert "child got Ctrl-C" in out and proc.returncode == 130
+    assert list(scratch.iterdir()) == []
+
+
+def test_report_knob_lists_every_group(tmp_path: Path, sim) -> None:
+    report = tmp_path / "observed.json"
+    script = (
+        "import sys\nsys.path.insert(0, %r)\nfrom lmhelpers import completions, generate\n"
+        "generate(completions(%r), 20)\n"
+    )
+    server = sim("healthy")
+    site = tmp_path / "site"
+    install(site)
+    code = script % (str(Path(__file__).parent), server.base_url)
+    env = subprocess_env(site, HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
+    run = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    observed = json.loads(report.read_text())
+    assert [(g["observations"], g["pathological"], g["tripped"]) for g in observed["groups"]] == [(20, 0, False)]

@@ -1,0 +1,184 @@
+"""`eval-probe patch` on benchmark_lib.sh fixtures of both InferenceX shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, subprocess_env
+
+from patcher import benchlib, errors
+from patcher.files import patch_file
+from probe import body
+from probe.inject import BEGIN as PY_BEGIN
+from probe.inject import body_digest, sitecustomize_text
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SHAPES = ("heredoc", "file")
+
+
+def eval_probe(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "probe", *args], capture_output=True, text=True, timeout=120, **kwargs)
+
+
+@pytest.fixture(params=SHAPES)
+def tree(request, tmp_path: Path) -> Path:
+    """A copy of one fixture tree; returns its benchmark_lib.sh."""
+    shutil.copytree(FIXTURES / request.param, tmp_path / request.param)
+    return tmp_path / request.param / "benchmarks" / "benchmark_lib.sh"
+
+
+def patched_site(script: Path) -> Path:
+    """Source the script in bash and call _patch_lm_eval; returns the sitecustomize.py made."""
+    shell = f'source "{script}" && _patch_lm_eval && printf %s "$PYTHONPATH"'
+    run = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert run.returncode == 0, run.stderr
+    return Path(run.stdout.split(":")[0]) / "sitecustomize.py"
+
+
+def test_patched_script_installs_the_probe_after_the_pipeline_and_trips(tree, sim, tmp_path) -> None:
+    run = eval_probe("patch", str(tree))
+    assert run.returncode == 0, run.stderr
+    assert subprocess.run(["bash", "-n", str(tree)]).returncode == 0
+    site = patched_site(tree)
+    text = site.read_text()
+    compile(text, str(site), "exec")
+    assert text.index("PIPELINE_PATCHED = True") < text.index(PY_BEGIN)
+
+    server = sim("never_stop")
+    task = __import__("probe.localtask", fromlist=["write_task"]).write_task(tmp_path / "task", 30)
+    output = tmp_path / "out"
+    command = [
+        PYTHON, "-m", "lm_eval", "--model", "local-chat-completions", "--apply_chat_template",
+        "--model_args", f"model=sim,base_url={server.base_url}/v1/chat/completions,num_concurrent=16,"
+        "tokenized_requests=False,max_retries=2",
+        "--include_path", str(task.include_path), "--tasks", task.name, "--output_path", str(output),
+        "--gen_kwargs", "max_tokens=4096,temperature=0,top_p=1",
+    ]  # fmt: skip
+    env = subprocess_env(site.parent, EVAL_RESULT_DIR=str(output))
+    lm_eval = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert lm_eval.returncode == 0, lm_eval.stderr[-3000:]
+    assert "[lm-eval-probe] tripped" in lm_eval.stderr
+    assert json.loads((output / body.SIDECAR_NAME).read_text())["verdict"]["observations"] == 16
+    assert server.snapshot()["generate_requests"] < 30
+
+
+def test_block_sits_before_the_anchor_with_the_terminator_at_column_zero(tree) -> None:
+    assert patch_file(tree).code == 0
+    lines = tree.read_text().splitlines()
+    begin = next(i for i, line in enumerate(lines) if benchlib.BEGIN in line)
+    end = lines.index(benchlib.END.join(["    ", ""]))
+    assert lines[begin + 1].strip().startswith("cat >> ") and lines[begin + 1].endswith(f"<<'{benchlib.DELIMITER}'")
+    assert lines[end - 1] == benchlib.DELIMITER  # the terminator, at column 0
+    assert lines[end + 1].strip().startswith("export PYTHONPATH=")
+    assert f"v{body.PROBE_VERSION} body={body_digest()}" in lines[begin]
+
+
+def test_idempotent_upgrade_and_unpatch_round_trip(tree) -> None:
+    original = tree.read_bytes()
+    assert patch_file(tree).code == 0
+    once = tree.read_bytes()
+    assert "already patched" in patch_file(tree).message
+    assert tree.read_bytes() == once
+    # An older block (other version, other body) is replaced, not added to.
+    old = benchlib.patch(original.decode(), "# an older probe body\n", "0.0.1", "0123456789abcdef")
+    tree.write_text(old)
+    assert eval_probe("patch", "--check", str(tree)).returncode == 1
+    assert "upgraded from 0.0.1" in patch_file(tree).message
+    assert tree.read_bytes() == once
+    assert eval_probe("patch", "--check", str(tree)).returncode == 0
+    assert eval_probe("patch", "--unpatch", str(tree)).returncode == 0
+    assert tree.read_bytes() == original
+    assert eval_probe("patch", "--check", str(tree)).returncode == 1
+
+
+def test_dry_run_prints_a_diff_and_writes_nothing(tree) -> None:
+    original = tree.read_bytes()
+    run = eval_probe("patch", "--dry-run", str(tree))
+    assert run.returncode == 0
+    assert run.stdout.startswith("---") and f"+    {benchlib.BEGIN}" in run.stdout
+    assert tree.read_bytes() == original
+
+
+def test_permission_bits_are_kept(tree) -> None:
+    tree.chmod(0o750)
+    assert patch_file(tree).code == 0
+    assert stat.S_IMODE(tree.stat().st_mode) == 0o750
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "says"),
+    [
+        ("#!/bin/bash\necho hello\n", errors.NO_FUNCTION, "expected a function _patch_lm_eval()"),
+        ("_patch_lm_eval() {\n    local patch_dir\n}\n", errors.NO_ANCHOR, "found none"),
+        (
+            "_patch_lm_eval() {\n    cat > \"$patch_dir/sitecustomize.py\" <<'PY'\nx = 1\nPY\n"
+            '    export PYTHONPATH="$patch_dir:$PYTHONPATH"\n    export PYTHONPATH="/x:$PYTHONPATH"\n}\n',
+            errors.AMBIGUOUS_ANCHOR,
+            "found line 5",
+        ),
+        ('_patch_lm_eval() {\n    export PYTHONPATH="/x"\n', errors.NO_FUNCTION, "never closes"),
+    ],
+)
+def test_fail_soft_cases_leave_the_file_untouched(tmp_path, text: str, code: int, says: str) -> None:
+    script = tmp_path / "benchmark_lib.sh"
+    script.write_text(text)
+    run = eval_probe("patch", str(script))
+    assert run.returncode == code
+    assert says in run.stderr and "left untouched" in run.stderr
+    assert script.read_text() == text
+
+
+def test_file_problems_get_their_own_message(tmp_path) -> None:
+    binary = tmp_path / "binary.sh"
+    binary.write_bytes(b"\xff\xfe\x00not utf-8")
+    for path, says in ((tmp_path / "missing.sh", "no such file"), (tmp_path, "is a directory"), (binary, "UTF-8")):
+        run = eval_probe("patch", str(path))
+        assert run.returncode == errors.FILE_PROBLEM and says in run.stderr
+
+
+def test_a_result_failing_bash_n_is_not_written(tmp_path) -> None:
+    script = tmp_path / "benchmark_lib.sh"
+    text = (FIXTURES / "file" / "benchmarks" / "benchmark_lib.sh").read_text() + 'echo "unclosed\n'
+    script.write_text(text)
+    run = eval_probe("patch", str(script))
+    assert run.returncode == errors.BASH_SYNTAX and "bash -n" in run.stderr
+    assert script.read_text() == text
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_delimiter_collision_is_refused() -> None:
+    with pytest.raises(errors.PatchError) as raised:
+        benchlib.block(f"x = 1\n{benchlib.DELIMITER}\ny = 2\n", "9", "ab", "    ", '"$d/sitecustomize.py"')
+    assert raised.value.code == errors.DAMAGED_BLOCK
+    assert benchlib.DELIMITER not in sitecustomize_text().splitlines()
+
+
+def test_threads_and_processes_patching_at_once_leave_one_block(tmp_path) -> None:
+    shutil.copytree(FIXTURES / "heredoc", tmp_path / "t")
+    script = tmp_path / "t" / "benchmarks" / "benchmark_lib.sh"
+    procs = [
+        subprocess.Popen([PYTHON, "-m", "probe", "patch", str(script)], stdout=subprocess.DEVNULL) for _ in range(4)
+    ]
+    threads = [threading.Thread(target=patch_file, args=(script,)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    assert script.read_text().count(benchlib.BEGIN) == 1
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_help_explains_exit_codes() -> None:
+    run = eval_probe("patch", "--help")
+    assert run.returncode == 0 and "6  more than one candidate anchor" in run.stdout
+    assert eval_probe("patch").returncode == 64
+    assert sys.executable

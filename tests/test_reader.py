@@ -1,0 +1,222 @@
+"""The reader: scores, sidecar states, verdicts, the contract, and `eval-probe read`."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, subprocess_env
+
+from probe import body
+from probe.contract import contract_fingerprint, contract_settings
+from probe.scores import accuracy_meets_floor, finite_score
+from probe.sidecar import read_sidecar
+from probe.verdict import classify, describe
+
+METRIC = "exact_match,strict-match"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(0.0, 0.0), (0, 0.0), (1, 1.0), (0.25, 0.25), (-3.5, -3.5), (Fraction(1, 4), 0.25)],
+)
+def test_finite_score_accepts_finite_reals(value: object, expected: float) -> None:
+    result = finite_score(value)
+    assert result == expected and isinstance(result, float)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, False, "0.5", "nan", None, [0.5], {"a": 1}])
+def test_finite_score_rejects_everything_else(value: object) -> None:
+    assert finite_score(value) is None
+
+
+def test_floor() -> None:
+    assert accuracy_meets_floor(0.5, 0.5) and not accuracy_meets_floor(0.0, 0.01)
+    assert accuracy_meets_floor(0.1, 0.2, higher_is_better=False) and not accuracy_meets_floor(0.3, 0.2, False)
+
+
+def write_results(
+    directory: Path, value: object, name: str = "results_2026-11-30T01-00-00.000000.json", **extra
+) -> Path:
+    path = directory / "model" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"results": {"gsm8k": {"alias": "gsm8k", METRIC: value, "x_stderr": 0.1}}, **extra}))
+    return path
+
+
+def write_sidecar(directory: Path, tripped_at: float = 1.0, **changes) -> Path:
+    document = {
+        "schema_version": 1,
+        "verdict": {
+            "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
+            "finish_reasons": {"length": 16}, "max_tokens": [16384], "settings": {}, "tripped_at": tripped_at,
+            "seconds_since_first_request": 70.1, "model": "m", "base_url": "http://h/v1",
+        },
+        "final": {"short_circuited_requests": 1303, "cancelled_in_flight": 48},
+    }  # fmt: skip
+    document.update(changes)
+    path = directory / body.SIDECAR_NAME
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("value", "status"),
+    [(0.0, "below_floor"), (0.2, "below_floor"), (0.6, "ok"), (math.nan, "unavailable"), (math.inf, "unavailable"),
+     ("0.7", "unavailable"), (True, "unavailable"), (None, "unavailable")],
+)  # fmt: skip
+def test_classify_scores(tmp_path, value: object, status: str) -> None:
+    write_results(tmp_path, value)
+    verdict = classify(tmp_path, floor=0.5)
+    assert verdict["status"] == status
+    assert verdict["score"] == (finite_score(value))
+    json.dumps(verdict, allow_nan=False)  # plain JSON, whatever the score was
+
+
+def test_a_measured_zero_is_below_floor_not_unavailable(tmp_path) -> None:
+    write_results(tmp_path, 0.0)
+    verdict = classify(tmp_path, floor=0.01)
+    assert (verdict["status"], verdict["score"], verdict["pathology"]) == ("below_floor", 0.0, None)
+
+
+def test_missing_things_are_unavailable_with_a_reason(tmp_path) -> None:
+    assert "no results_*.json" in classify(tmp_path, 0.5)["reason"]
+    write_results(tmp_path, 0.9)
+    assert "task 'mmlu'" in classify(tmp_path, 0.5, task="mmlu")["reason"]
+    assert "metric 'acc,none'" in classify(tmp_path, 0.5, metric="acc,none")["reason"]
+
+
+def test_corrupt_results_json_is_unavailable(tmp_path) -> None:
+    path = write_results(tmp_path, 0.9)
+    path.write_text('{"results": {"gsm8k": ')
+    verdict = classify(tmp_path, 0.5)
+    assert verdict["status"] == "unavailable" and "cannot read" in verdict["reason"]
+
+
+def test_the_newest_results_file_wins(tmp_path) -> None:
+    write_results(tmp_path, 0.9, name="results_2026-11-29T10-00-00.000000.json")
+    newest = write_results(tmp_path, 0.1, name="results_2026-11-30T10-00-00.000000.json")
+    verdict = classify(tmp_path, 0.5)
+    assert verdict["results_file"] == str(newest) and verdict["score"] == 0.1
+
+
+def test_default_task_and_metric_are_reported(tmp_path) -> None:
+    write_results(tmp_path, 0.9)
+    verdict = classify(tmp_path, 0.5)
+    assert (verdict["task"], verdict["metric"]) == ("gsm8k", METRIC)
+
+
+def test_a_tripped_run_is_below_floor_whatever_the_score(tmp_path) -> None:
+    write_results(tmp_path, 0.95, date=2.0)
+    write_sidecar(tmp_path, tripped_at=3.0)
+    verdict = classify(tmp_path, 0.5)
+    assert verdict["status"] == "below_floor" and verdict["score"] == 0.95
+    assert verdict["pathology"]["pathology"] == "non_terminating"
+    assert verdict["pathology"]["short_circuited_requests"] == 1303
+    text = describe(verdict)
+    assert "16 of 16 generations" in text and "1303 requests were then answered with empty strings" in text
+
+
+def test_a_tripped_run_without_results_is_still_explained(tmp_path) -> None:
+    write_sidecar(tmp_path)
+    verdict = classify(tmp_path, 0.5)
+    assert verdict["status"] == "below_floor" and "no results_*.json" in verdict["reason"]
+
+
+def test_a_sidecar_older_than_the_run_is_stale(tmp_path) -> None:
+    write_results(tmp_path, 0.9, date=10_000.0)
+    write_sidecar(tmp_path, tripped_at=1.0)
+    verdict = classify(tmp_path, 0.5)
+    assert verdict["status"] == "ok" and verdict["sidecar"]["state"] == "stale"
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", '{"schema_version": 1, "verdict": {"tripped": tr', json.dumps({"schema_version": 2, "verdict": {}}),
+     json.dumps({"schema_version": 1, "verdict": {"tripped": "yes"}}), json.dumps([1, 2]), "\xff"],
+)  # fmt: skip
+def test_an_unreadable_sidecar_is_never_healthy_nor_absent(tmp_path, content: str) -> None:
+    write_results(tmp_path, 0.9)
+    (tmp_path / body.SIDECAR_NAME).write_text(content, encoding="latin-1")
+    assert read_sidecar(tmp_path).state == "unreadable"
+    verdict = classify(tmp_path, 0.5)
+    assert verdict["status"] == "unavailable" and "unreadable" in verdict["reason"]
+
+
+def test_contract_follows_effective_values() -> None:
+    defaults = contract_settings({})
+    assert defaults == {
+        "HYPERLOOM_EVAL_PROBE": True,
+        "HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": 16,
+        "HYPERLOOM_EVAL_PROBE_LENGTH_RATIO": 0.75,
+        "HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS": 1024,
+    }
+    assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "junk"})
+    assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "16"})
+    assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "32"})
+    assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE": "off"})
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory) -> dict[str, Path]:
+    """Result directories from real lm-eval runs against the simulated server."""
+    from probe.inject import sitecustomize_text
+    from probe.localtask import write_task
+    from probe.simserver import SimServer
+
+    root = tmp_path_factory.mktemp("runs")
+    task = write_task(root / "task", 24)
+    site = root / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(sitecustomize_text(chain=True))
+    runs = {}
+    for mode in ("healthy", "never_stop"):
+        with SimServer(mode) as server:
+            output = root / mode
+            command = [
+                PYTHON, "-m", "lm_eval", "--model", "local-completions",
+                "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=8,"
+                "tokenized_requests=False,tokenizer_backend=None",
+                "--include_path", str(task.include_path), "--tasks", task.name,
+                "--output_path", str(output), "--gen_kwargs", "max_tokens=2048",
+            ]  # fmt: skip
+            run = subprocess.run(command, env=subprocess_env(site, RESULT_DIR=str(output)), capture_output=True)
+            assert run.returncode == 0
+            runs[mode] = output
+    return runs
+
+
+def read_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "probe", "read", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_read_on_real_runs(real_runs) -> None:
+    healthy = read_cli(str(real_runs["healthy"]), "--floor", "0.5", "--json")
+    assert healthy.returncode == 0
+    assert json.loads(healthy.stdout)["score"] == 1.0
+    never = read_cli(str(real_runs["never_stop"]), "--floor", "0.5")
+    assert never.returncode == 1
+    assert "status:  below_floor" in never.stdout and "16 of 16 generations it observed" in never.stdout
+    as_json = json.loads(read_cli(str(real_runs["never_stop"]), "--json").stdout)
+    assert as_json["score"] == 0.0 and as_json["pathology"]["short_circuited_requests"] == 8
+
+
+def test_read_exit_codes(tmp_path) -> None:
+    assert read_cli(str(tmp_path)).returncode == 2
+    assert read_cli(str(tmp_path / "missing")).returncode == 64
+    assert read_cli(str(tmp_path), "--floor", "high").returncode == 64
+
+
+def test_the_reader_imports_without_lm_eval(tmp_path) -> None:
+    """The system Python has no lm-eval: the reader must not need it."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from probe.verdict import classify\nfrom probe.contract import contract_fingerprint\n"
+        f"print(classify({str(tmp_path)!r}, 0.5)['status'], 'lm_eval' in sys.modules)\n"
+    )
+    run = subprocess.run(["python3", "-c", code], capture_output=True, text=True, env=subprocess_env(None))
+    assert run.stdout.split() == ["unavailable", "False"], run.stderr
