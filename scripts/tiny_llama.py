@@ -1,0 +1,81 @@
+"""Build a tiny Llama locally (no download) that vLLM can serve, in two variants.
+
+- ``never_stop``: its output is one token, repeated forever; it never emits EOS or a
+  stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``).
+- ``stops``: its output token is " 7" followed by a blank line, so lm-eval's stop
+  sequence ends each answer after one token (``finish_reason: stop``) with the answer
+  " 7": a healthy model that is right when the answer is 7.
+
+How: the final RMSNorm's weight is zero, so every logit is exactly 0 and greedy
+decoding picks token 0; the variants differ only in which string token 0 is. The rest
+(random weights, head size 64, a character-level vocabulary, a chat template) keeps
+vLLM's CPU backend and lm-eval's chat path working. Run with the vLLM environment's
+Python: ``python scripts/tiny_llama.py DIR --variant never_stop``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import string
+from pathlib import Path
+
+FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n"}
+SPECIALS = ["<s>", "</s>", "<unk>", "<pad>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def build(directory: Path, variant: str) -> Path:
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    first = FIRST_TOKEN[variant]
+    chars = [c for c in string.printable if c != first]
+    vocab = {token: i for i, token in enumerate([first, *chars, *SPECIALS])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head size 64: the CPU attention backend rejects 16
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+        pad_token_id=vocab["<pad>"],
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # every logit 0: greedy always picks token 0
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    fast.save_pretrained(directory)
+    (directory / "tiny_llama_variant.json").write_text(json.dumps({"variant": variant, "token_0": first}))
+    return directory
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--variant", choices=sorted(FIRST_TOKEN), required=True)
+    args = parser.parse_args()
+    print(build(args.directory, args.variant))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""End to end on a real vLLM server serving a locally built tiny Llama (CPU build here).
+
+Needs the vLLM environment that scripts/test.sh makes; its Python is named by
+LM_EVAL_PROBE_VLLM_PYTHON. Deselect with ``-m "not vllm"`` where there is none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, subprocess_env
+
+from probe import body
+from probe.localtask import write_task
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import vllm_server  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+MAX_TOKENS = 1024
+DOCS = 64
+CONCURRENCY = 16
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = os.environ.get("LM_EVAL_PROBE_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.fail("LM_EVAL_PROBE_VLLM_PYTHON must name the vLLM environment's Python (scripts/test.sh sets it)")
+    return python
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("task"), DOCS)
+
+
+def serve(variant: str, python: str, root: Path) -> Iterator[vllm_server.Server]:
+    model = root / variant
+    subprocess.run([python, str(SCRIPTS / "tiny_llama.py"), str(model), "--variant", variant], check=True)
+    server = vllm_server.start(model, variant, python, log=root / f"vllm-{variant}.log")
+    try:
+        yield server
+    finally:
+        vllm_server.stop(server.pid)
+
+
+@pytest.fixture(scope="module")
+def never_stop(vllm_python, tmp_path_factory):
+    yield from serve("never_stop", vllm_python, tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture(scope="module")
+def stops(vllm_python, tmp_path_factory):
+    yield from serve("stops", vllm_python, tmp_path_factory.mktemp("vllm"))
+
+
+def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.CompletedProcess, float]:
+    """One lm-eval run, through `eval-probe run` when probed; returns it and vLLM's token delta."""
+    before = vllm_server.metrics(server.base_url)["generation_tokens"]
+    lm_eval = [
+        PYTHON, "-m", "lm_eval", "--model", "local-completions",
+        "--model_args", f"model={server.name},base_url={server.base_url}/v1/completions,"
+        f"num_concurrent={CONCURRENCY},tokenized_requests=False,tokenizer_backend=None,max_retries=3",
+        "--include_path", str(task.include_path), "--tasks", task.name, "--output_path", str(output),
+        "--log_samples", "--gen_kwargs", f"max_tokens={MAX_TOKENS}",
+    ]  # fmt: skip
+    command = [PYTHON, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
+    run = subprocess.run(command, env=subprocess_env(None), capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run, vllm_server.metrics(server.base_url)["generation_tokens"] - before
+
+
+def answers(output: Path) -> list[str]:
+    (samples,) = output.glob("*/samples_*.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    return [row["resps"][0][0] for row in sorted(rows, key=lambda r: r["doc_id"])]
+
+
+def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path) -> None:
+    _, unprobed_tokens = evaluate(never_stop, task, tmp_path / "plain", probed=False)
+    run, probed_tokens = evaluate(never_stop, task, tmp_path / "probed", probed=True)
+    assert unprobed_tokens == DOCS * MAX_TOKENS  # vLLM's own count: every request ran to the cap
+    assert "verdict: TRIPPED (non_terminating)" in run.stderr
+    # One wave of CONCURRENCY generations, plus the partial tokens of those cancelled.
+    assert probed_tokens <= 1.15 * CONCURRENCY * MAX_TOKENS
+    assert probed_tokens < unprobed_tokens / 3
+    read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
+    verdict = json.loads(read.stdout)
+    assert read.returncode == 1 and verdict["status"] == "below_floor"
+    assert verdict["pathology"]["pathology"] == body.PATHOLOGY and verdict["pathology"]["max_tokens"] == [MAX_TOKENS]
+    assert verdict["results_file"] and Path(verdict["results_file"]).exists()
+
+
+def test_stopping_model_does_not_trip_and_answers_as_unprobed(stops, task, tmp_path) -> None:
+    evaluate(stops, task, tmp_path / "plain", probed=False)
+    run, _ = evaluate(stops, task, tmp_path / "probed", probed=True)
+    assert "the probe did not trip: 0 of 64 generations observed ended at the cap" in run.stderr
+    assert not (tmp_path / "probed" / body.SIDECAR_NAME).exists()
+    assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
