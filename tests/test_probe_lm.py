@@ -109,6 +109,32 @@ def test_a_trip_ends_only_its_own_group(sim, probed, result_dir) -> None:
     assert generate(lm, 32, {**GEN_KWARGS, "until": ["Question:"]}).count("") == 16
     final_groups = [g for g in probed.groups.values() if g.tripped]
     assert len(final_groups) == 2
+    probed.finalise()
+    sidecar = _sidecar(result_dir)
+    assert sidecar["verdict"]["group"]["until"] == ["\n\n"]  # the first trip's verdict stands
+    assert [g["gen_kwargs"]["until"] for g in sidecar["final"]["short_circuited_groups"]] == [["\n\n"], ["Question:"]]
+    assert sidecar["final"]["short_circuited_requests"] == 32
+
+
+def test_a_stale_sidecar_from_an_earlier_run_is_renamed(sim, probed, result_dir) -> None:
+    result_dir.mkdir(parents=True)
+    stale = {"schema_version": 1, "verdict": {"tripped_at": probed.started_at - 3600, "pid": 1}}
+    (result_dir / body.SIDECAR_NAME).write_text(json.dumps(stale))
+    server = sim("never_stop")
+    assert generate(completions(server.base_url, num_concurrent=16), 20).count("") == 4
+    assert _sidecar(result_dir)["verdict"]["pid"] != 1
+    (renamed,) = result_dir.glob(f"{body.SIDECAR_NAME}.stale-*")
+    assert json.loads(renamed.read_text()) == stale
+
+
+def test_a_fresh_sidecar_of_another_process_is_kept(sim, probed, result_dir, capsys) -> None:
+    result_dir.mkdir(parents=True)
+    other = {"schema_version": 1, "verdict": {"tripped_at": time.time() + 1, "pid": 1}}
+    (result_dir / body.SIDECAR_NAME).write_text(json.dumps(other))
+    server = sim("never_stop")
+    assert generate(completions(server.base_url, num_concurrent=16), 20).count("") == 4
+    assert json.loads((result_dir / body.SIDECAR_NAME).read_text()) == other
+    assert "already written by another process" in capsys.readouterr().err
 
 
 def test_sync_path_trips_too(sim, probed, result_dir) -> None:

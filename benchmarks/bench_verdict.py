@@ -1,0 +1,215 @@
+"""Time and tokens to the verdict: a never-stopping model, unprobed and probed, in one run.
+
+For each run it measures the tokens the server generated (the simulated server's
+counter, or vLLM's ``vllm:generation_tokens_total``, both counting the partial tokens of
+aborted requests), the generate requests it received, and the wall time until lm-eval
+exits; for the probed run also the time from the first request to the trip, from the
+trip to lm-eval's exit, and the generate requests received after the trip. ``one_wave_s``
+is measured first: C concurrent full-length generations sent directly to the server.
+
+    python benchmarks/bench_verdict.py --server sim   # N=1319, C=64, M=16384, token clock
+    python benchmarks/bench_verdict.py --server vllm --vllm-python .venv-vllm/bin/python
+                                                      # N=200, C=64, M=1024, a tiny Llama
+
+The last line printed with --json is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from probe.localtask import write_task  # noqa: E402
+from probe.sidecar import read_sidecar  # noqa: E402
+from probe.simserver import SimServer  # noqa: E402
+from probe.verdict import classify  # noqa: E402
+
+DEFAULTS = {"sim": (1319, 64, 16384), "vllm": (200, 64, 1024)}
+
+
+class Target:
+    """The server under test, with its counters and request arrival times."""
+
+    def __init__(self, kind: str, args: argparse.Namespace, work: Path) -> None:
+        self.kind = kind
+        if kind == "sim":
+            self.sim = SimServer("never_stop", seconds_per_token=args.seconds_per_token).start()
+            self.base_url, self.model = self.sim.base_url, "sim-never-stop"
+        else:
+            import vllm_server
+            from countingproxy import CountingProxy
+
+            model = work / "never_stop"
+            subprocess.run([args.vllm_python, str(ROOT / "scripts" / "tiny_llama.py"), str(model), "--variant",
+                            "never_stop"], check=True, capture_output=True)  # fmt: skip
+            print("starting vLLM (about a minute)...", file=sys.stderr)
+            self.vllm = vllm_server.start(model, "never_stop", args.vllm_python, log=work / "vllm.log")
+            self.proxy = CountingProxy(self.vllm.base_url).start()
+            self.base_url, self.model = self.proxy.base_url, "never_stop"
+
+    def counters(self) -> tuple[float, int]:
+        """(tokens generated, generate requests received) so far."""
+        if self.kind == "sim":
+            stats = self.sim.snapshot()
+            return stats["tokens_generated"], stats["generate_requests"]
+        import vllm_server
+
+        return vllm_server.metrics(self.vllm.base_url)["generation_tokens"], len(self.proxy.times)
+
+    def request_times(self) -> list[float]:
+        return list(self.sim.snapshot()["generate_request_times"]) if self.kind == "sim" else list(self.proxy.times)
+
+    def close(self) -> None:
+        if self.kind == "sim":
+            self.sim.stop()
+        else:
+            import vllm_server
+
+            self.proxy.stop()
+            vllm_server.stop(self.vllm.pid)
+
+
+async def _one_wave(base_url: str, model: str, concurrency: int, max_tokens: int) -> float:
+    payload = {"model": model, "prompt": "Question: What is 1 + 2?\nAnswer:", "max_tokens": max_tokens,
+               "temperature": 0}  # fmt: skip
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+
+        async def one() -> None:
+            async with session.post(f"{base_url}/v1/completions", json=payload) as response:
+                await response.read()
+
+        started = time.monotonic()
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        return time.monotonic() - started
+
+
+def _watch(target: Target, total: int, label: str, done: threading.Event, base: tuple[float, int]) -> None:
+    with tqdm(total=total, desc=f"{label}: requests", unit="req", file=sys.stderr) as bar:
+        while not done.wait(1.0):
+            tokens, requests = target.counters()
+            bar.n = requests - base[1]
+            bar.set_postfix(tokens=f"{tokens - base[0]:,.0f}")
+            bar.refresh()
+
+
+def evaluate(target: Target, args: argparse.Namespace, work: Path, label: str, probed: bool) -> dict[str, Any]:
+    task = write_task(work / "task", args.n)
+    output = work / label
+    lm_eval = [
+        sys.executable, "-m", "lm_eval", "--model", "local-completions",
+        "--model_args", f"model={target.model},base_url={target.base_url}/v1/completions,"
+        f"num_concurrent={args.concurrency},tokenized_requests=False,tokenizer_backend=None,max_retries=3,timeout=3600",
+        "--include_path", str(task.include_path), "--tasks", task.name, "--output_path", str(output),
+        "--gen_kwargs", f"max_tokens={args.max_tokens}",
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE") and k != "PYTHONPATH"}
+    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    base = target.counters()
+    seen_before = len(target.request_times())
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(target, args.n, label, done, base), daemon=True)
+    watcher.start()
+    started = time.time()
+    with (work / f"{label}.log").open("w") as log:
+        code = subprocess.call(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    ended = time.time()
+    done.set()
+    watcher.join()
+    if code != 0:
+        raise SystemExit(f"{label} lm-eval run failed (exit {code}); see {work / (label + '.log')}")
+    time.sleep(2)  # let the server's counters settle (aborts are counted as they land)
+    tokens, requests = target.counters()
+    figures: dict[str, Any] = {
+        "tokens": int(tokens - base[0]),
+        "requests": requests - base[1],
+        "wall_s": round(ended - started, 2),
+        "verdict": classify(output, floor=0.01)["status"],
+    }
+    if probed:
+        sidecar = read_sidecar(output)
+        if sidecar.state != "valid":
+            raise SystemExit(f"the probed run left no valid sidecar ({sidecar.state}); see {work / 'probed.log'}")
+        tripped_at = sidecar.verdict["tripped_at"]
+        times = target.request_times()[seen_before:]
+        figures.update(
+            trip_s=round(tripped_at - min(times), 2),
+            exit_after_trip_s=round(ended - tripped_at, 2),
+            requests_after_trip=sum(1 for t in times if t > tripped_at),
+            cancelled_in_flight=(sidecar.final or {}).get("cancelled_in_flight"),
+        )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", choices=sorted(DEFAULTS), default="sim")
+    parser.add_argument("--n", type=int, help="documents (default: 1319 sim, 200 vllm)")
+    parser.add_argument("--concurrency", type=int, help="num_concurrent (default 64)")
+    parser.add_argument("--max-tokens", type=int, help="budget per request (default: 16384 sim, 1024 vllm)")
+    parser.add_argument("--seconds-per-token", type=float, default=0.001, help="the simulated token clock")
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    args = parser.parse_args()
+    n, concurrency, max_tokens = DEFAULTS[args.server]
+    args.n, args.concurrency = args.n or n, args.concurrency or concurrency
+    args.max_tokens = args.max_tokens or max_tokens
+    work = Path(tempfile.mkdtemp(prefix="bench-verdict-"))
+    target = Target(args.server, args, work)
+    try:
+        one_wave = asyncio.run(_one_wave(target.base_url, target.model, args.concurrency, args.max_tokens))
+        print(f"one wave of {args.concurrency} x {args.max_tokens} tokens: {one_wave:.1f} s", file=sys.stderr)
+        result = {
+            "server": args.server,
+            "n": args.n,
+            "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens,
+            "one_wave_s": round(one_wave, 2),
+            "unprobed": evaluate(target, args, work, "unprobed", probed=False),
+            "probed": evaluate(target, args, work, "probed", probed=True),
+        }
+    finally:
+        target.close()
+    print(_report(result))
+    if args.json:
+        print(json.dumps(result))
+
+
+def check(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def _report(r: dict[str, Any]) -> str:
+    u, p = r["unprobed"], r["probed"]
+    cap = r["concurrency"] * r["max_tokens"]
+    return "\n".join([
+        f"server {r['server']}: N={r['n']}, C={r['concurrency']}, M={r['max_tokens']}, one wave {r['one_wave_s']} s",
+        f"  unprobed: {u['tokens']:,} tokens, {u['requests']} requests, {u['wall_s']} s, verdict {u['verdict']}",
+        f"  probed:   {p['tokens']:,} tokens, {p['requests']} requests, {p['wall_s']} s, verdict {p['verdict']}",
+        f"  probed tokens / (C x M) = {p['tokens'] / cap:.3f} (target <= 1.15: {check(p['tokens'] <= 1.15 * cap)})",
+        f"  trip after {p['trip_s']} s = {p['trip_s'] / r['one_wave_s']:.2f} x one wave "
+        f"(target <= 1.2: {check(p['trip_s'] <= 1.2 * r['one_wave_s'])})",
+        f"  lm-eval exited {p['exit_after_trip_s']} s after the trip; "
+        f"{p['requests_after_trip']} generate requests after the trip "
+        f"(target 0: {check(p['requests_after_trip'] == 0)})",
+        f"  token saving: {1 - p['tokens'] / u['tokens']:.1%}; wall-time saving: {1 - p['wall_s'] / u['wall_s']:.1%}",
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""A pass-through HTTP proxy that records when each generate request arrived.
+
+vLLM's /metrics count requests but do not say when they came; the verdict benchmark
+needs "requests received after the trip". A client that drops its request makes the
+proxy drop the upstream one, so vLLM still aborts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from aiohttp import ClientSession, ClientTimeout, web
+
+
+class CountingProxy:
+    """Forwards every request to ``upstream``; ``times`` holds generate-request arrivals."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.times: list[float] = []
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> CountingProxy:
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._start())
+            ready.set()
+            self._loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        ready.wait(30)
+        return self
+
+    async def _start(self) -> None:
+        self._session = ClientSession(timeout=ClientTimeout(total=3600))
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _forward(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.method == "POST" and b'"max_tokens"' in body and b'"echo"' not in body:
+            self.times.append(time.time())
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, data=body, headers={"Content-Type": "application/json"}
+        ) as upstream:
+            return web.Response(body=await upstream.read(), status=upstream.status, content_type=upstream.content_type)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            await self._session.close()
+            await self._runner.cleanup()  # type: ignore[union-attr]
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
