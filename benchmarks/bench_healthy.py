@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from probe.importtime import sitecustomize_cost  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
 from probe.localtask import write_task  # noqa: E402
 from probe.results import read_score  # noqa: E402
@@ -79,20 +80,10 @@ def healthy_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def _import_time(site: Path) -> tuple[int, list[str]]:
-    """(cumulative microseconds of the sitecustomize import, modules it imported)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}
     env.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
     run = subprocess.run(["python3", "-X", "importtime", "-c", "pass"], env=env, capture_output=True, text=True)
-    lines = [line for line in run.stderr.splitlines() if line.startswith("import time:")]
-    names = [line.split("|")[-1] for line in lines]
-    index = next(i for i, name in enumerate(names) if name.strip() == "sitecustomize")
-    depth = len(names[index]) - len(names[index].lstrip())
-    nested = []
-    for name in reversed(names[:index]):
-        if len(name) - len(name.lstrip()) <= depth:
-            break
-        nested.append(name.strip())
-    return int(lines[index].split("|")[1]), nested
+    return sitecustomize_cost(run.stderr)
 
 
 def startup(args: argparse.Namespace, work: Path) -> dict[str, Any]:

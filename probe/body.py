@@ -443,7 +443,13 @@ class Probe:
         return [BLANK] * request.n_answers
 
     def observe(self, request: Request, response: Any) -> None:
-        """Record the evidence of one response, and trip when the rule fires."""
+        """Record the evidence of one response, and trip when the rule fires; never raises."""
+        try:
+            self._record(request, response)
+        except Exception as error:
+            self.report("observe", error)
+
+    def _record(self, request: Request, response: Any) -> None:
         if request.observed or not request.is_evidence:
             return
         request.observed = True
@@ -689,10 +695,7 @@ def _probed_model_call(original: Callable) -> Callable:
                 request = None
         outputs = original(self, *args, **kwargs)
         if request is not None:
-            try:
-                probe.observe(request, outputs)
-            except Exception as error:
-                probe.report("observe", error)
+            probe.observe(request, outputs)
         return outputs
 
     return _mark(model_call, original)
@@ -709,10 +712,7 @@ def _observing_parser(original: Callable, is_static: bool) -> Callable:
         request = _CURRENT.get()
         probe = PROBE
         if request is not None and probe is not None:
-            try:
-                probe.observe(request, outputs)
-            except Exception as error:
-                probe.report("observe", error)
+            probe.observe(request, outputs)
         return answers
 
     return _mark(parse_generations, original)

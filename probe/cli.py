@@ -7,8 +7,12 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from probe.body import PROBE_VERSION
+
+if TYPE_CHECKING:
+    from patcher.files import Outcome
 
 USAGE_ERROR = 64  # EX_USAGE: distinct from every command's own exit codes
 
@@ -62,36 +66,34 @@ def _cmd_body(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_patch(args: argparse.Namespace) -> int:
+def _carry_out(command: str, action: Callable[[], Outcome]) -> int:
+    """Print what a file operation did, or why it refused; return its exit code."""
     from patcher.errors import PatchError
+
+    try:
+        outcome = action()
+    except PatchError as error:
+        print(f"eval-probe {command}: {error}\nThe file was left untouched.", file=sys.stderr)
+        return error.code
+    print(outcome.message)
+    return outcome.code
+
+
+def _cmd_patch(args: argparse.Namespace) -> int:
     from patcher.files import check_file, patch_file, unpatch_file
 
     path = Path(args.path)
-    try:
-        if args.check:
-            outcome = check_file(path)
-        elif args.unpatch:
-            outcome = unpatch_file(path, dry_run=args.dry_run)
-        else:
-            outcome = patch_file(path, dry_run=args.dry_run)
-    except PatchError as error:
-        print(f"eval-probe patch: {error}\nThe file was left untouched.", file=sys.stderr)
-        return error.code
-    print(outcome.message)
-    return outcome.code
+    if args.check:
+        return _carry_out("patch", lambda: check_file(path))
+    if args.unpatch:
+        return _carry_out("patch", lambda: unpatch_file(path, dry_run=args.dry_run))
+    return _carry_out("patch", lambda: patch_file(path, dry_run=args.dry_run))
 
 
 def _cmd_install(args: argparse.Namespace) -> int:
-    from patcher.errors import PatchError
     from patcher.install import install
 
-    try:
-        outcome = install(Path(args.directory))
-    except PatchError as error:
-        print(f"eval-probe install: {error}", file=sys.stderr)
-        return error.code
-    print(outcome.message)
-    return outcome.code
+    return _carry_out("install", lambda: install(Path(args.directory)))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

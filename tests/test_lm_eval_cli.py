@@ -9,6 +9,7 @@ from pathlib import Path
 from conftest import PYTHON, subprocess_env
 
 from probe import body
+from probe.importtime import sitecustomize_cost
 from probe.inject import sitecustomize_text
 
 
@@ -79,17 +80,8 @@ def test_python_without_lm_eval_starts_clean(site_dir) -> None:
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 0 and run.stdout == '{"ok": true}\n'
-    lines = [line for line in run.stderr.splitlines() if line.startswith("import time:")]
     assert not [line for line in run.stderr.splitlines() if not line.startswith("import time:")]
-    names = [line.split("|")[-1] for line in lines]
-    site_index = next(i for i, name in enumerate(names) if name.strip() == "sitecustomize")
-    depth = len(names[site_index]) - len(names[site_index].lstrip())
-    # Imports nested under sitecustomize are listed just before it, indented deeper.
-    nested = []
-    for name in reversed(names[:site_index]):
-        if len(name) - len(name.lstrip()) <= depth:
-            break
-        nested.append(name.strip())
+    _, nested = sitecustomize_cost(run.stderr)
     assert set(nested) <= {"importlib.util", "importlib.machinery", "importlib._abc", "_distutils_hack"}
 
 

@@ -254,10 +254,10 @@ def test_malformed_responses_are_not_evidence(sim, probed, result_dir) -> None:
 
 
 def test_an_internal_error_is_contained_and_reported_once(sim, probed, result_dir, monkeypatch, capsys) -> None:
-    def broken(self, request, response):
+    def broken(response, max_tokens):
         raise RuntimeError("probe bug")
 
-    monkeypatch.setattr(body.Probe, "observe", broken)
+    monkeypatch.setattr(body, "classify_response", broken)
     server = sim("healthy")
     assert generate(completions(server.base_url), 20) == [f" {3 * i + 1}" for i in range(20)]
     err = capsys.readouterr().err
