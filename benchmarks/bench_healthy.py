@@ -51,7 +51,7 @@ def healthy_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 sys.executable, "-m", "lm_eval", "--model", "local-completions",
                 "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,"
                 f"num_concurrent={args.concurrency},tokenized_requests=False,tokenizer_backend=None",
-                "--include_path", str(task.include_path), "--tasks", task.name, "--output_path", str(output),
+                "--tasks", str(task.yaml), "--output_path", str(output),
                 "--log_samples", "--gen_kwargs", f"max_tokens={args.max_tokens}",
             ]  # fmt: skip
             env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}

@@ -114,7 +114,7 @@ def evaluate(target: Target, args: argparse.Namespace, work: Path, label: str, p
         sys.executable, "-m", "lm_eval", "--model", "local-completions",
         "--model_args", f"model={target.model},base_url={target.base_url}/v1/completions,"
         f"num_concurrent={args.concurrency},tokenized_requests=False,tokenizer_backend=None,max_retries=3,timeout=3600",
-        "--include_path", str(task.include_path), "--tasks", task.name, "--output_path", str(output),
+        "--tasks", str(task.yaml), "--output_path", str(output),
         "--gen_kwargs", f"max_tokens={args.max_tokens}",
     ]  # fmt: skip
     command = [sys.executable, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval

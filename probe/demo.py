@@ -61,7 +61,7 @@ def _lm_eval_command(base_url: str, model: str, task: LocalTask, output: Path, m
         "--model", "local-completions",
         "--model_args", f"model={model},base_url={base_url}/v1/completions,num_concurrent={conc},"
         "tokenized_requests=False,tokenizer_backend=None,max_retries=3",
-        "--include_path", str(task.include_path), "--tasks", task.name,
+        "--tasks", str(task.yaml),
         "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
     ]  # fmt: skip
 

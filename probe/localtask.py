@@ -1,16 +1,22 @@
 """A small arithmetic task that lm-eval runs offline from a local JSONL file.
 
 The demo, the tests and the benchmarks use it: no dataset download is possible here.
-The simulated healthy model answers it correctly, so a healthy run scores 1.0.
+The simulated healthy model answers it correctly, so a healthy run scores 1.0. Pass the
+YAML file itself to ``--tasks``, as InferenceX does with its own gsm8k.yaml.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 TASK = "probe_arith"
+# lm-eval 0.4.9.x's CLI logs each task's YAML path relative to its own tasks folder, and
+# fails for a task whose name it does not know (measured on 0.4.9.2; 0.4.13 is fixed).
+# There the task borrows a built-in name, exactly as InferenceX's gsm8k.yaml does.
+BORROWED_NAME = "gsm8k"
 METRIC = "exact_match,strict-match"
 
 _YAML = """task: {task}
@@ -19,6 +25,8 @@ dataset_kwargs:
   data_files:
     test: {data}
 test_split: test
+fewshot_split: test
+num_fewshot: 0
 output_type: generate_until
 doc_to_text: "Question: What is {{{{a}}}} + {{{{b}}}}?\\nAnswer:"
 doc_to_target: "{{{{answer}}}}"
@@ -43,11 +51,20 @@ metadata:
 
 @dataclass(frozen=True)
 class LocalTask:
-    """Where a written task lives: pass ``include_path`` to ``--include_path``."""
+    """A written task: pass ``yaml`` to lm-eval's ``--tasks``; results are under ``name``."""
 
-    include_path: Path
-    name: str = TASK
+    yaml: Path
+    name: str
     metric: str = METRIC
+
+
+def task_name() -> str:
+    """The task's name for the installed lm-eval (see BORROWED_NAME)."""
+    try:
+        release = tuple(int(part) for part in version("lm_eval").split(".")[:3])
+    except (PackageNotFoundError, ValueError):
+        return TASK
+    return BORROWED_NAME if release < (0, 4, 10) else TASK
 
 
 def write_task(directory: Path, n_docs: int = 32) -> LocalTask:
@@ -58,5 +75,7 @@ def write_task(directory: Path, n_docs: int = 32) -> LocalTask:
         for i in range(n_docs):
             a, b = 3 * i + 1, 7 * i + 2
             handle.write(json.dumps({"a": a, "b": b, "answer": str(a + b)}) + "\n")
-    (directory / f"{TASK}.yaml").write_text(_YAML.format(task=TASK, data=data.resolve()), encoding="utf-8")
-    return LocalTask(directory)
+    name = task_name()
+    yaml = directory / f"{TASK}.yaml"
+    yaml.write_text(_YAML.format(task=name, data=data.resolve()), encoding="utf-8")
+    return LocalTask(yaml.resolve(), name)

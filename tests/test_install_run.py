@@ -68,7 +68,7 @@ def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> No
         tmp_path, PYTHON, "-m", "lm_eval", "--model", "local-completions",
         "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=16,"
         "tokenized_requests=False,tokenizer_backend=None",
-        "--include_path", str(local_task.include_path), "--tasks", local_task.name,
+        "--tasks", str(local_task.yaml),
         "--output_path", str(output), "--gen_kwargs", "max_tokens=2048",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -84,7 +84,7 @@ def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_
         tmp_path, PYTHON, "-m", "lm_eval", "--model", "local-completions",
         "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=8,"
         "tokenized_requests=False,tokenizer_backend=None",
-        "--include_path", str(local_task.include_path), "--tasks", local_task.name,
+        "--tasks", str(local_task.yaml),
         "--output_path", str(tmp_path / "out"), "--gen_kwargs", "max_tokens=2048",
     )  # fmt: skip
     assert run.returncode == 0

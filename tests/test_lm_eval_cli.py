@@ -11,6 +11,7 @@ from conftest import PYTHON, subprocess_env
 from probe import body
 from probe.importtime import sitecustomize_cost
 from probe.inject import sitecustomize_text
+from probe.localtask import METRIC, task_name
 
 
 def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_tokens: int = 2048, **env: str):
@@ -20,7 +21,7 @@ def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_toke
         "--model_args",
         f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=16,"
         "tokenized_requests=False,tokenizer_backend=None,max_retries=2",
-        "--include_path", str(task.include_path), "--tasks", task.name,
+        "--tasks", str(task.yaml),
         "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
         *extra,
     ]  # fmt: skip
@@ -29,7 +30,7 @@ def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_toke
 
 def score(output: Path) -> float:
     (results,) = output.glob("*/results_*.json")
-    return json.loads(results.read_text())["results"]["probe_arith"]["exact_match,strict-match"]
+    return json.loads(results.read_text())["results"][task_name()][METRIC]
 
 
 def test_lm_eval_run_trips_and_finishes_with_a_real_results_file(sim, site_dir, local_task, tmp_path) -> None:
@@ -63,7 +64,7 @@ def test_use_cache_then_unprobed_rerun_gets_real_answers(sim, site_dir, local_ta
         None, healthy, local_task, tmp_path / "b", "--use_cache", cache, "--log_samples", HYPERLOOM_EVAL_PROBE="0"
     )
     assert second.returncode == 0, second.stderr[-2000:]
-    (samples,) = (tmp_path / "b").glob("*/samples_probe_arith_*.jsonl")
+    (samples,) = (tmp_path / "b").glob(f"*/samples_{task_name()}_*.jsonl")
     responses = [json.loads(line)["resps"][0][0] for line in samples.read_text().splitlines()]
     # Only the blanks were kept out of the cache: the real (never-stopping) answers replay,
     # and every short-circuited request is asked again, of the now healthy server.

@@ -59,7 +59,7 @@ def test_patched_script_installs_the_probe_after_the_pipeline_and_trips(tree, si
         PYTHON, "-m", "lm_eval", "--model", "local-chat-completions", "--apply_chat_template",
         "--model_args", f"model=sim,base_url={server.base_url}/v1/chat/completions,num_concurrent=16,"
         "tokenized_requests=False,max_retries=2",
-        "--include_path", str(task.include_path), "--tasks", task.name, "--output_path", str(output),
+        "--tasks", str(task.yaml), "--output_path", str(output),
         "--gen_kwargs", "max_tokens=4096,temperature=0,top_p=1",
     ]  # fmt: skip
     env = subprocess_env(site.parent, EVAL_RESULT_DIR=str(output))

@@ -181,7 +181,7 @@ def real_runs(tmp_path_factory) -> dict[str, Path]:
                 PYTHON, "-m", "lm_eval", "--model", "local-completions",
                 "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=8,"
                 "tokenized_requests=False,tokenizer_backend=None",
-                "--include_path", str(task.include_path), "--tasks", task.name,
+                "--tasks", str(task.yaml),
                 "--output_path", str(output), "--gen_kwargs", "max_tokens=2048",
             ]  # fmt: skip
             run = subprocess.run(command, env=subprocess_env(site, RESULT_DIR=str(output)), capture_output=True)

@@ -69,7 +69,7 @@ def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.Compl
         PYTHON, "-m", "lm_eval", "--model", "local-completions",
         "--model_args", f"model={server.name},base_url={server.base_url}/v1/completions,"
         f"num_concurrent={CONCURRENCY},tokenized_requests=False,tokenizer_backend=None,max_retries=3",
-        "--include_path", str(task.include_path), "--tasks", task.name, "--output_path", str(output),
+        "--tasks", str(task.yaml), "--output_path", str(output),
         "--log_samples", "--gen_kwargs", f"max_tokens={MAX_TOKENS}",
     ]  # fmt: skip
     command = [PYTHON, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
