@@ -191,7 +191,9 @@ def test_after_the_trip_no_generate_request_reaches_the_server_and_in_flight_one
     tripped_at = sidecar["verdict"]["tripped_at"]
     assert [t for t in stats["generate_request_times"] if t > tripped_at] == []
     assert stats["generate_requests"] == stats["completed"] + stats["aborted"] <= 8 + 2
-    assert stats["aborted"] >= 1 and sidecar["final"]["cancelled_in_flight"] == stats["aborted"]
+    # Every request the server saw aborted was cancelled by the probe; the probe may also
+    # cancel a request whose connection had not yet reached the server.
+    assert 1 <= stats["aborted"] <= sidecar["final"]["cancelled_in_flight"]
     assert answers.count("") == 40 - stats["completed"]
     assert elapsed < 30  # sanity bound only: the cancelled requests were not waited out
 
