@@ -194,7 +194,10 @@ def test_after_the_trip_no_generate_request_reaches_the_server_and_in_flight_one
     # Every request the server saw aborted was cancelled by the probe; the probe may also
     # cancel a request whose connection had not yet reached the server.
     assert 1 <= stats["aborted"] <= sidecar["final"]["cancelled_in_flight"]
-    assert answers.count("") == 40 - stats["completed"]
+    # The server may finish a request in the instant the probe cancels it: then the answer
+    # is blank although the server counted it complete.
+    real = [a for a in answers if a]
+    assert 2 <= len(real) <= stats["completed"] and all(a.startswith(" and") for a in real)
     assert elapsed < 30  # sanity bound only: the cancelled requests were not waited out
 
 
