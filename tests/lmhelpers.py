@@ -12,28 +12,17 @@ from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompleti
 GEN_KWARGS = {"until": ["\n\n"], "max_tokens": 2048, "temperature": 0}
 
 
+# What every test model shares: no tokenizer, prompts sent as text, few retries.
+COMMON = {"model": "sim", "tokenizer_backend": None, "tokenized_requests": False, "max_retries": 2}
+
+
 def completions(base_url: str, num_concurrent: int = 8, batch_size: int = 1, **extra: Any) -> LocalCompletionsAPI:
-    return LocalCompletionsAPI(
-        model="sim",
-        base_url=f"{base_url}/v1/completions",
-        num_concurrent=num_concurrent,
-        batch_size=batch_size,
-        tokenizer_backend=None,
-        tokenized_requests=False,
-        max_retries=2,
-        **extra,
-    )
+    url = f"{base_url}/v1/completions"
+    return LocalCompletionsAPI(base_url=url, num_concurrent=num_concurrent, batch_size=batch_size, **COMMON, **extra)
 
 
 def chat(base_url: str, num_concurrent: int = 8) -> LocalChatCompletion:
-    return LocalChatCompletion(
-        model="sim",
-        base_url=f"{base_url}/v1/chat/completions",
-        num_concurrent=num_concurrent,
-        tokenizer_backend=None,
-        tokenized_requests=False,
-        max_retries=2,
-    )
+    return LocalChatCompletion(base_url=f"{base_url}/v1/chat/completions", num_concurrent=num_concurrent, **COMMON)
 
 
 def prompts(n: int) -> list[str]:
