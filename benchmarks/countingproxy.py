@@ -11,7 +11,7 @@ import asyncio
 import threading
 import time
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 
 class CountingProxy:
@@ -42,7 +42,9 @@ class CountingProxy:
         return self
 
     async def _start(self) -> None:
-        self._session = ClientSession(timeout=ClientTimeout(total=3600))
+        # No keep-alive upstream: a pooled connection the server has since closed would
+        # fail a request that lm-eval then retries, and the retry would be counted too.
+        self._session = ClientSession(timeout=ClientTimeout(total=3600), connector=TCPConnector(force_close=True))
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
