@@ -7,6 +7,7 @@ two runs are compared side by side, followed by the reader's verdict.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -37,7 +38,8 @@ class RunFigures:
 
 
 def _counters(server: SimServer | None, base_url: str) -> tuple[int | None, int | None]:
-    """(generate requests, generated tokens) so far, from the simulated server or vLLM's /metrics."""
+    """(generate requests, generated tokens) so far: from the in-process simulated server,
+    else from vLLM's /metrics, else from a simulated server's /stats; (None, None) if none."""
     if server is not None:
         stats = server.snapshot()
         return stats["generate_requests"], stats["tokens_generated"]
@@ -45,7 +47,12 @@ def _counters(server: SimServer | None, base_url: str) -> tuple[int | None, int 
         with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
-        return None, None
+        try:
+            with urllib.request.urlopen(f"{base_url}/stats", timeout=5) as response:
+                stats = json.loads(response.read())
+            return stats["generate_requests"], stats["tokens_generated"]
+        except (OSError, ValueError, KeyError):
+            return None, None
     tokens = requests = 0.0
     for line in text.splitlines():
         if line.startswith("vllm:generation_tokens_total"):
@@ -73,7 +80,7 @@ def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[],
 
     def progress() -> None:
         while not done.wait(1.0):
-            requests, tokens = counters()
+            requests, tokens = ("n/a" if c is None else c for c in counters())
             print(f"\r  {label}: {time.monotonic() - started:5.0f} s, server: {requests} requests, "
                   f"{tokens} tokens   ", end="", file=sys.stderr, flush=True)  # fmt: skip
 

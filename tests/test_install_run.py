@@ -138,3 +138,14 @@ def test_report_knob_lists_every_group(tmp_path: Path, sim) -> None:
     assert run.returncode == 0, run.stderr
     observed = json.loads(report.read_text())
     assert [(g["observations"], g["pathological"], g["tripped"]) for g in observed["groups"]] == [(20, 0, False)]
+
+
+def test_body_command_prints_a_runnable_sitecustomize(tmp_path: Path) -> None:
+    for flags, chained in (((), False), (("--standalone",), True)):
+        site = tmp_path / f"site{len(flags)}"
+        site.mkdir()
+        printed = subprocess.run([PYTHON, "-m", "probe", "body", *flags], capture_output=True, text=True, check=True)
+        assert printed.stdout.startswith(BEGIN) and ("chain = r'''" in printed.stdout) is chained
+        (site / "sitecustomize.py").write_text(printed.stdout)
+        run = subprocess.run([PYTHON, "-c", CHECK], env=subprocess_env(site), capture_output=True, text=True)
+        assert run.stdout.strip() == "True" and run.stderr == ""
