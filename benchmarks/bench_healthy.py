@@ -47,13 +47,9 @@ def healthy_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         jobs = [(rep, label) for rep in range(args.reps) for label in ("unprobed", "probed")]
         for rep, label in tqdm(jobs, desc="healthy lm-eval runs", file=sys.stderr):
             output = work / f"{label}-{rep}"
-            command = [
-                sys.executable, "-m", "lm_eval", "--model", "local-completions",
-                "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,"
-                f"num_concurrent={args.concurrency},tokenized_requests=False,tokenizer_backend=None",
-                "--tasks", str(task.yaml), "--output_path", str(output),
-                "--log_samples", "--gen_kwargs", f"max_tokens={args.max_tokens}",
-            ]  # fmt: skip
+            command = task.lm_eval_command(
+                server.base_url, "sim", output, args.max_tokens, args.concurrency, "--log_samples"
+            )
             env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}
             env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", RESULT_DIR=str(output))
             env["PYTHONPATH"] = str(site) if label == "probed" else ""

@@ -110,13 +110,14 @@ def _watch(target: Target, total: int, label: str, done: threading.Event, base: 
 def evaluate(target: Target, args: argparse.Namespace, work: Path, label: str, probed: bool) -> dict[str, Any]:
     task = write_task(work / "task", args.n)
     output = work / label
-    lm_eval = [
-        sys.executable, "-m", "lm_eval", "--model", "local-completions",
-        "--model_args", f"model={target.model},base_url={target.base_url}/v1/completions,"
-        f"num_concurrent={args.concurrency},tokenized_requests=False,tokenizer_backend=None,max_retries=3,timeout=3600",
-        "--tasks", str(task.yaml), "--output_path", str(output),
-        "--gen_kwargs", f"max_tokens={args.max_tokens}",
-    ]  # fmt: skip
+    lm_eval = task.lm_eval_command(
+        target.base_url,
+        target.model,
+        output,
+        args.max_tokens,
+        args.concurrency,
+        model_args="max_retries=3,timeout=3600",
+    )
     command = [sys.executable, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE") and k != "PYTHONPATH"}
     env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))

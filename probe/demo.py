@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probe.inject import sitecustomize_text
-from probe.localtask import LocalTask, write_task
+from probe.localtask import write_task
 from probe.simserver import SimServer
 from probe.verdict import classify, describe
 
@@ -60,17 +60,6 @@ def _counters(server: SimServer | None, base_url: str) -> tuple[int | None, int 
         elif line.startswith("vllm:request_success_total"):
             requests += float(line.split()[-1])
     return int(requests), int(tokens)
-
-
-def _lm_eval_command(base_url: str, model: str, task: LocalTask, output: Path, max_tokens: int, conc: int) -> list[str]:
-    return [
-        sys.executable, "-m", "lm_eval",
-        "--model", "local-completions",
-        "--model_args", f"model={model},base_url={base_url}/v1/completions,num_concurrent={conc},"
-        "tokenized_requests=False,tokenizer_backend=None,max_retries=3",
-        "--tasks", str(task.yaml),
-        "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
-    ]  # fmt: skip
 
 
 def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[], tuple]) -> tuple[int, float]:
@@ -119,7 +108,7 @@ def demo(base_url: str | None, model: str, docs: int, max_tokens: int, concurren
             env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HYPERLOOM_EVAL_PROBE="1" if probed else "0")
             env["RESULT_DIR"] = str(output)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-            command = _lm_eval_command(base_url, model, task, output, max_tokens, concurrency)
+            command = task.lm_eval_command(base_url, model, output, max_tokens, concurrency, model_args="max_retries=3")
             log = work / f"{label}.log"
             before = _counters(server, base_url)
 

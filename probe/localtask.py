@@ -8,6 +8,7 @@ YAML file itself to ``--tasks``, as InferenceX does with its own gsm8k.yaml.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -56,6 +57,30 @@ class LocalTask:
     yaml: Path
     name: str
     metric: str = METRIC
+
+    def lm_eval_command(
+        self,
+        base_url: str,
+        model: str,
+        output: Path,
+        max_tokens: int,
+        concurrency: int,
+        *extra: str,
+        model_args: str = "",
+    ) -> list[str]:
+        """``python -m lm_eval`` on this task against the completions endpoint at ``base_url``.
+
+        ``model_args`` adds to lm-eval's ``--model_args``; ``extra`` goes at the end.
+        """
+        arguments = (
+            f"model={model},base_url={base_url}/v1/completions,num_concurrent={concurrency},"
+            "tokenized_requests=False,tokenizer_backend=None" + (f",{model_args}" if model_args else "")
+        )
+        return [
+            sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", arguments,
+            "--tasks", str(self.yaml), "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
+            *extra,
+        ]  # fmt: skip
 
 
 def task_name() -> str:

@@ -64,13 +64,7 @@ def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.Comp
 def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> None:
     server = sim("never_stop")
     output = tmp_path / "out"
-    run = eval_probe_run(
-        tmp_path, PYTHON, "-m", "lm_eval", "--model", "local-completions",
-        "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=16,"
-        "tokenized_requests=False,tokenizer_backend=None",
-        "--tasks", str(local_task.yaml),
-        "--output_path", str(output), "--gen_kwargs", "max_tokens=2048",
-    )  # fmt: skip
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16))
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"sidecar and results go to {output}" in run.stderr
     assert "verdict: TRIPPED (non_terminating): 16/16" in run.stderr
@@ -80,13 +74,7 @@ def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> No
 
 def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_path: Path) -> None:
     server = sim("healthy")
-    run = eval_probe_run(
-        tmp_path, PYTHON, "-m", "lm_eval", "--model", "local-completions",
-        "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=8,"
-        "tokenized_requests=False,tokenizer_backend=None",
-        "--tasks", str(local_task.yaml),
-        "--output_path", str(tmp_path / "out"), "--gen_kwargs", "max_tokens=2048",
-    )  # fmt: skip
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", tmp_path / "out", 2048, 8))
     assert run.returncode == 0
     assert "the probe did not trip: 0 of 40 generations observed ended at the cap" in run.stderr
 

@@ -15,16 +15,7 @@ from probe.localtask import METRIC, task_name
 
 
 def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_tokens: int = 2048, **env: str):
-    command = [
-        PYTHON, "-m", "lm_eval",
-        "--model", "local-completions",
-        "--model_args",
-        f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=16,"
-        "tokenized_requests=False,tokenizer_backend=None,max_retries=2",
-        "--tasks", str(task.yaml),
-        "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
-        *extra,
-    ]  # fmt: skip
+    command = task.lm_eval_command(server.base_url, "sim", output, max_tokens, 16, *extra, model_args="max_retries=2")
     return subprocess.run(command, env=subprocess_env(site, **env), capture_output=True, text=True, timeout=300)
 
 

@@ -177,13 +177,7 @@ def real_runs(tmp_path_factory) -> dict[str, Path]:
     for mode in ("healthy", "never_stop"):
         with SimServer(mode) as server:
             output = root / mode
-            command = [
-                PYTHON, "-m", "lm_eval", "--model", "local-completions",
-                "--model_args", f"model=sim,base_url={server.base_url}/v1/completions,num_concurrent=8,"
-                "tokenized_requests=False,tokenizer_backend=None",
-                "--tasks", str(task.yaml),
-                "--output_path", str(output), "--gen_kwargs", "max_tokens=2048",
-            ]  # fmt: skip
+            command = task.lm_eval_command(server.base_url, "sim", output, 2048, 8)
             run = subprocess.run(command, env=subprocess_env(site, RESULT_DIR=str(output)), capture_output=True)
             assert run.returncode == 0
             runs[mode] = output

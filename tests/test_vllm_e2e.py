@@ -65,13 +65,9 @@ def stops(vllm_python, tmp_path_factory):
 def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.CompletedProcess, float]:
     """One lm-eval run, through `eval-probe run` when probed; returns it and vLLM's token delta."""
     before = vllm_server.metrics(server.base_url)["generation_tokens"]
-    lm_eval = [
-        PYTHON, "-m", "lm_eval", "--model", "local-completions",
-        "--model_args", f"model={server.name},base_url={server.base_url}/v1/completions,"
-        f"num_concurrent={CONCURRENCY},tokenized_requests=False,tokenizer_backend=None,max_retries=3",
-        "--tasks", str(task.yaml), "--output_path", str(output),
-        "--log_samples", "--gen_kwargs", f"max_tokens={MAX_TOKENS}",
-    ]  # fmt: skip
+    lm_eval = task.lm_eval_command(
+        server.base_url, server.name, output, MAX_TOKENS, CONCURRENCY, "--log_samples", model_args="max_retries=3"
+    )
     command = [PYTHON, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
     run = subprocess.run(command, env=subprocess_env(None), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
