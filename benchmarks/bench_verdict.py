@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from probe.localtask import write_task  # noqa: E402
+from probe.servercounters import vllm_metrics  # noqa: E402
 from probe.sidecar import read_sidecar  # noqa: E402
 from probe.simserver import SimServer  # noqa: E402
 from probe.verdict import classify  # noqa: E402
@@ -67,9 +68,7 @@ class Target:
         if self.kind == "sim":
             stats = self.sim.snapshot()
             return stats["tokens_generated"], stats["generate_requests"]
-        import vllm_server
-
-        return vllm_server.metrics(self.vllm.base_url)["generation_tokens"], len(self.proxy.times)
+        return vllm_metrics(self.vllm.base_url)["generation_tokens"], len(self.proxy.times)
 
     def request_times(self) -> list[float]:
         return list(self.sim.snapshot()["generate_request_times"]) if self.kind == "sim" else list(self.proxy.times)

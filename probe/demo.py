@@ -7,20 +7,19 @@ two runs are compared side by side, followed by the reader's verdict.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from probe.inject import sitecustomize_text
 from probe.localtask import write_task
+from probe.servercounters import server_counters
 from probe.simserver import SimServer
 from probe.verdict import classify, describe
 
@@ -38,28 +37,12 @@ class RunFigures:
 
 
 def _counters(server: SimServer | None, base_url: str) -> tuple[int | None, int | None]:
-    """(generate requests, generated tokens) so far: from the in-process simulated server,
-    else from vLLM's /metrics, else from a simulated server's /stats; (None, None) if none."""
-    if server is not None:
-        stats = server.snapshot()
-        return stats["generate_requests"], stats["tokens_generated"]
-    try:
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        try:
-            with urllib.request.urlopen(f"{base_url}/stats", timeout=5) as response:
-                stats = json.loads(response.read())
-            return stats["generate_requests"], stats["tokens_generated"]
-        except (OSError, ValueError, KeyError):
-            return None, None
-    tokens = requests = 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:generation_tokens_total"):
-            tokens += float(line.split()[-1])
-        elif line.startswith("vllm:request_success_total"):
-            requests += float(line.split()[-1])
-    return int(requests), int(tokens)
+    """(generate requests, generated tokens) so far, from the in-process simulated server
+    or from what the server at ``base_url`` exposes."""
+    if server is None:
+        return server_counters(base_url)
+    stats = server.snapshot()
+    return stats["generate_requests"], stats["tokens_generated"]
 
 
 def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[], tuple]) -> tuple[int, float]:

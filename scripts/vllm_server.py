@@ -86,20 +86,6 @@ def stop(pid: int, timeout: float = 30) -> None:
     os.killpg(pid, signal.SIGKILL)
 
 
-def metrics(base_url: str) -> dict[str, float]:
-    """vLLM's own counters: generated tokens, and finished requests by reason."""
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    found = {"generation_tokens": 0.0}
-    for line in text.splitlines():
-        if line.startswith("vllm:generation_tokens_total"):
-            found["generation_tokens"] += float(line.split()[-1])
-        elif line.startswith("vllm:request_success_total"):
-            reason = line.split('finished_reason="', 1)[1].split('"', 1)[0]
-            found[f"finished_{reason}"] = found.get(f"finished_{reason}", 0.0) + float(line.split()[-1])
-    return found
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)

@@ -18,6 +18,7 @@ from conftest import PYTHON, subprocess_env
 
 from probe import body
 from probe.localtask import write_task
+from probe.servercounters import vllm_metrics
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -64,14 +65,14 @@ def stops(vllm_python, tmp_path_factory):
 
 def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.CompletedProcess, float]:
     """One lm-eval run, through `eval-probe run` when probed; returns it and vLLM's token delta."""
-    before = vllm_server.metrics(server.base_url)["generation_tokens"]
+    before = vllm_metrics(server.base_url)["generation_tokens"]
     lm_eval = task.lm_eval_command(
         server.base_url, server.name, output, MAX_TOKENS, CONCURRENCY, "--log_samples", model_args="max_retries=3"
     )
     command = [PYTHON, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
     run = subprocess.run(command, env=subprocess_env(None), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    return run, vllm_server.metrics(server.base_url)["generation_tokens"] - before
+    return run, vllm_metrics(server.base_url)["generation_tokens"] - before
 
 
 def answers(output: Path) -> list[str]:
