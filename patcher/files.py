@@ -20,20 +20,27 @@ class Outcome:
     message: str
 
 
+def _diff(path: Path, text: str, new: str, what: str) -> str:
+    return "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(path), f"{path} ({what})"))
+
+
 def patch_file(path: Path, dry_run: bool = False) -> Outcome:
     """Insert (or upgrade) the probe block in ``path``; idempotent."""
+    digest = body_digest()
+    current = f"lm-eval-probe {PROBE_VERSION} (body {digest})"
     with locked(path):
         text = read_text(path)
-        new = benchlib.patch(text, sitecustomize_text(chain=False), PROBE_VERSION, body_digest())
+        new = benchlib.patch(text, sitecustomize_text(chain=False), PROBE_VERSION, digest)
         if dry_run:
-            diff = difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(path), f"{path} (patched)")
-            return Outcome(0, "".join(diff) or f"{path}: already patched with this body; nothing would change")
+            return Outcome(
+                0, _diff(path, text, new, "patched") or f"{path}: already patched with this body; nothing would change"
+            )
         if new == text:
-            return Outcome(0, f"{path}: already patched with lm-eval-probe {PROBE_VERSION} (body {body_digest()})")
+            return Outcome(0, f"{path}: already patched with {current}")
         before = benchlib.status(text)
         replace(path, new, bash_syntax_error)
     verb = f"upgraded from {before.version} (body {before.digest})" if before.patched else "patched"
-    return Outcome(0, f"{path}: {verb} to lm-eval-probe {PROBE_VERSION} (body {body_digest()})")
+    return Outcome(0, f"{path}: {verb} to {current}")
 
 
 def unpatch_file(path: Path, dry_run: bool = False) -> Outcome:
@@ -44,8 +51,7 @@ def unpatch_file(path: Path, dry_run: bool = False) -> Outcome:
         if new == text:
             return Outcome(0, f"{path}: not patched; nothing to remove")
         if dry_run:
-            diff = difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(path), f"{path} (unpatched)")
-            return Outcome(0, "".join(diff))
+            return Outcome(0, _diff(path, text, new, "unpatched"))
         replace(path, new, bash_syntax_error)
     return Outcome(0, f"{path}: lm-eval-probe block removed")
 

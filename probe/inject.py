@@ -7,6 +7,7 @@ own, so nothing they define can clobber, or be clobbered by, the host file's nam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class Block:
     digest: str
 
 
+@functools.cache  # the sources do not change while a process runs; read each once
 def _source(name: str) -> str:
     return (_HERE / name).read_text(encoding="utf-8")
 
