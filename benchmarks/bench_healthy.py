@@ -28,11 +28,12 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from probe.importtime import sitecustomize_cost  # noqa: E402
+from support.importtime import sitecustomize_cost  # noqa: E402
+
+from probe.demo.localtask import write_task  # noqa: E402
+from probe.demo.simserver import SimServer  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
-from probe.localtask import write_task  # noqa: E402
-from probe.results import read_score  # noqa: E402
-from probe.simserver import SimServer  # noqa: E402
+from probe.reader.results import read_score  # noqa: E402
 
 
 def healthy_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:

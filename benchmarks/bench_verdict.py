@@ -34,11 +34,11 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from probe.localtask import write_task  # noqa: E402
-from probe.servercounters import vllm_metrics  # noqa: E402
-from probe.sidecar import read_sidecar  # noqa: E402
-from probe.simserver import SimServer  # noqa: E402
-from probe.verdict import classify  # noqa: E402
+from probe.demo.localtask import write_task  # noqa: E402
+from probe.demo.servercounters import vllm_metrics  # noqa: E402
+from probe.demo.simserver import SimServer  # noqa: E402
+from probe.reader.sidecar import read_sidecar  # noqa: E402
+from probe.reader.verdict import classify  # noqa: E402
 
 DEFAULTS = {"sim": (1319, 64, 16384), "vllm": (200, 64, 1024)}
 
@@ -145,7 +145,7 @@ def evaluate(target: Target, args: argparse.Namespace, work: Path, label: str, p
         sidecar = read_sidecar(output)
         if sidecar.state != "valid":
             raise SystemExit(f"the probed run left no valid sidecar ({sidecar.state}); see {work / 'probed.log'}")
-        tripped_at = sidecar.verdict["tripped_at"]
+        tripped_at = sidecar.trip["tripped_at"]
         times = target.request_times()[seen_before:]
         figures.update(
             trip_s=round(tripped_at - min(times), 2),

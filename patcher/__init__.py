@@ -1,1 +1,2 @@
-"""Putting the probe where lm-eval runs: InferenceX's benchmark_lib.sh, a site dir, a command."""
+"""Putting a block of text into other people's files, safely: InferenceX's benchmark_lib.sh and
+a sitecustomize.py. It never imports ``probe``: the CLI hands it the payload to put there."""

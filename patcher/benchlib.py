@@ -14,16 +14,14 @@ import re
 from dataclasses import dataclass
 
 from patcher.errors import AMBIGUOUS_ANCHOR, DAMAGED_BLOCK, NO_ANCHOR, NO_FUNCTION, PatchError
+from patcher.markers import PATCH, Block
 
 FUNCTION = "_patch_lm_eval"
 DELIMITER = "LM_EVAL_PROBE_BODY"
-BEGIN = "# >>> lm-eval-probe patch"
-END = "# <<< lm-eval-probe patch <<<"
 # A definition: "name() {", "function name {" or "function name() {" (the brace may follow).
 _FUNCTION_RE = re.compile(rf"^\s*(?:function\s+{FUNCTION}\s*(?:\(\s*\))?|{FUNCTION}\s*\(\s*\))\s*\{{?\s*$")
 _ANCHOR_RE = re.compile(r"^\s*export\s+PYTHONPATH=")
 _TARGET_RE = re.compile(r"""(["']?)\$\{?(\w+)\}?/sitecustomize\.py\1""")
-_BEGIN_RE = re.compile(rf"^\s*{re.escape(BEGIN)} v(?P<version>\S+) body=(?P<digest>[0-9a-f]+) ")
 
 
 @dataclass(frozen=True)
@@ -35,36 +33,17 @@ class Status:
     digest: str | None = None
 
 
-@dataclass(frozen=True)
-class _Block:
-    start: int
-    end: int  # one past the end marker
-    version: str
-    digest: str
-
-
 def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def _find_block(lines: list[str]) -> _Block | None:
-    starts = [i for i, line in enumerate(lines) if _BEGIN_RE.match(line)]
-    if not starts:
-        return None
-    if len(starts) > 1:
-        raise PatchError(DAMAGED_BLOCK, f"found {len(starts)} lm-eval-probe blocks (lines {starts}); expected one")
-    start = starts[0]
-    match = _BEGIN_RE.match(lines[start])
-    assert match is not None
-    try:
-        closing = lines.index(DELIMITER + "\n", start + 2)
-    except ValueError:
+def _find_block(lines: list[str]) -> Block | None:
+    found = PATCH.find_one(lines)
+    if found is not None and lines[found.end - 2] != DELIMITER + "\n":
         raise PatchError(
-            DAMAGED_BLOCK, f"the lm-eval-probe block at line {start + 1} has no heredoc terminator {DELIMITER!r}"
-        ) from None
-    if closing + 1 >= len(lines) or lines[closing + 1].strip() != END:
-        raise PatchError(DAMAGED_BLOCK, f"the lm-eval-probe block at line {start + 1} has no end marker {END!r}")
-    return _Block(start, closing + 2, match["version"], match["digest"])
+            DAMAGED_BLOCK, f"the lm-eval-probe block at line {found.start + 1} has no heredoc terminator {DELIMITER!r}"
+        )
+    return found
 
 
 def status(text: str) -> Status:
@@ -123,11 +102,11 @@ def block(body_text: str, version: str, digest: str, indent: str, target: str) -
     if not body_text.endswith("\n"):
         body_text += "\n"
     return (
-        f"{indent}{BEGIN} v{version} body={digest} (remove with: eval-probe patch --unpatch) >>>\n"
+        f"{indent}{PATCH.begin_line(version, digest, '(remove with: eval-probe patch --unpatch)')}\n"
         f"{indent}cat >> {target} <<'{DELIMITER}'\n"
         f"{body_text}"
         f"{DELIMITER}\n"
-        f"{indent}{END}\n"
+        f"{indent}{PATCH.end_line}\n"
     )
 
 

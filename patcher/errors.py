@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 # Exit codes of `eval-probe patch` / `install` (documented in the README).
+NOT_CURRENT = 1  # `--check` only
 FILE_PROBLEM = 3
 NO_FUNCTION = 4
 NO_ANCHOR = 5

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.body import PROBE_VERSION
+from probe import exitcodes
+from probe.runtime.contract import PROBE_VERSION
 
 if TYPE_CHECKING:
     from patcher.files import Outcome
 
-USAGE_ERROR = 64  # EX_USAGE: distinct from every command's own exit codes
+USAGE_ERROR = exitcodes.USAGE
 
 EPILOG = """commands:
   demo     start a simulated never-stopping server, evaluate a bundled task with lm-eval
@@ -29,26 +31,6 @@ knobs (environment): HYPERLOOM_EVAL_PROBE=0|false|off disables the probe;
 HYPERLOOM_EVAL_PROBE_MIN_SAMPLES (16), HYPERLOOM_EVAL_PROBE_LENGTH_RATIO (0.75),
 HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024). The sidecar goes to $RESULT_DIR, else
 $EVAL_RESULT_DIR, else the current directory."""
-
-
-PATCH_EXIT_CODES = """exit codes:
-  0  done; with --check: patched with the current probe
-  1  --check only: not patched, or patched with another version (run patch again)
-  3  the path is missing, a directory, or not UTF-8
-  4  no _patch_lm_eval() function (or it never closes)
-  5  no 'export PYTHONPATH=...' anchor (or no sitecustomize.py written) in it
-  6  more than one candidate anchor, or more than one _patch_lm_eval()
-  7  the patched file would fail bash -n (nothing written)
-  8  a damaged probe block, or a body that contains the heredoc terminator
- 64  usage error
-In every non-zero case except 1 the file is left untouched."""
-
-READ_EXIT_CODES = """exit codes:
-  0  ok: a finite score that meets the floor, and the probe did not trip
-  1  below_floor: a finite score under the floor (a measured 0.0 included), or the probe
-     tripped (a generation pathology; the evidence is printed)
-  2  unavailable: no results file, no finite score, or an unreadable sidecar
- 64  usage error"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,23 +63,25 @@ def _carry_out(command: str, action: Callable[[], Outcome]) -> int:
 
 def _cmd_patch(args: argparse.Namespace) -> int:
     from patcher.files import check_file, patch_file, unpatch_file
+    from probe.inject import payload
 
     path = Path(args.path)
     if args.check:
-        return _carry_out("patch", lambda: check_file(path))
+        return _carry_out("patch", lambda: check_file(path, payload()))
     if args.unpatch:
         return _carry_out("patch", lambda: unpatch_file(path, dry_run=args.dry_run))
-    return _carry_out("patch", lambda: patch_file(path, dry_run=args.dry_run))
+    return _carry_out("patch", lambda: patch_file(path, payload(), dry_run=args.dry_run))
 
 
 def _cmd_install(args: argparse.Namespace) -> int:
     from patcher.install import install
+    from probe.inject import payload
 
-    return _carry_out("install", lambda: install(Path(args.directory)))
+    return _carry_out("install", lambda: install(Path(args.directory), payload()))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from patcher.runner import run
+    from probe.run import run
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -107,18 +91,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_read(args: argparse.Namespace) -> int:
-    from probe.verdict import STATUSES, classify, describe
+    from probe.reader.verdict import classify, describe
 
     if not Path(args.result_dir).is_dir():
         print(f"eval-probe read: {args.result_dir} is not a directory", file=sys.stderr)
         return USAGE_ERROR
     verdict = classify(args.result_dir, args.floor, args.task, args.metric, not args.lower_is_better)
     print(json.dumps(verdict, indent=2) if args.json else describe(verdict))
-    return STATUSES.index(verdict["status"])
+    return exitcodes.READ_STATUS[verdict["status"]]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from probe.demo import demo
+    from probe.demo.compare import demo
 
     return demo(args.base_url, args.model, args.docs, args.max_tokens, args.concurrency)
 
@@ -150,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_patch,
         "Put the probe into InferenceX's benchmark_lib.sh, inside _patch_lm_eval(), right before the "
         "'export PYTHONPATH=...' line that ends it.",
-        epilog=PATCH_EXIT_CODES,
+        epilog=exitcodes.epilog(exitcodes.PATCH, "In every non-zero case except 1 the file is left untouched."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     patch.add_argument("path", help="path to benchmark_lib.sh")
@@ -159,7 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--unpatch", action="store_true", help="remove the probe block, restoring the file exactly")
     patch.add_argument("--dry-run", action="store_true", help="print the unified diff; write nothing")
 
-    install = command("install", _cmd_install, "Write the probe as DIR/sitecustomize.py (or add it to one there).")
+    install = command(
+        "install",
+        _cmd_install,
+        "Write the probe as DIR/sitecustomize.py (or add it to one there).",
+        epilog=exitcodes.epilog(exitcodes.INSTALL),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     install.add_argument("directory", help="a directory to put first on PYTHONPATH")
 
     run = command(
@@ -167,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         _cmd_run,
         "Run COMMAND with the probe active, then print a verdict; exits with COMMAND's exit code.",
         usage="eval-probe run [--result-dir DIR] -- COMMAND...",
+        epilog=exitcodes.epilog(exitcodes.RUN),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument(
         "--result-dir", help="where the sidecar goes (default: the --output_path in COMMAND, else a new directory)"
@@ -177,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         "read",
         _cmd_read,
         "Turn a result directory into a verdict: ok, below_floor or unavailable.",
-        epilog=READ_EXIT_CODES,
+        epilog=exitcodes.epilog(exitcodes.READ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     read.add_argument("result_dir", help="lm-eval's --output_path (holds the sidecar and <model>/results_*.json)")
@@ -206,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return USAGE_ERROR
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except Exception:
+        # A bug of ours must never exit with a code that reads as a verdict or an outcome.
+        traceback.print_exc()
+        print(f"eval-probe {args.name}: internal error (above); exit {exitcodes.INTERNAL}. "
+              "Please report it with the traceback.", file=sys.stderr)  # fmt: skip
+        return exitcodes.INTERNAL
 
 
 if __name__ == "__main__":

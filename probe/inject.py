@@ -1,8 +1,10 @@
-"""Builds the text injected into a sitecustomize.py from the probe's own source files.
+"""Builds the text injected into a sitecustomize.py from the runtime's own source files.
 
-One source of truth: the text is made from ``probe/bootstrap.py`` and ``probe/body.py``
-every time it is needed, never kept as a second copy. Both run in namespaces of their
-own, so nothing they define can clobber, or be clobbered by, the host file's names.
+One source of truth: the text is made from the files in ``probe/runtime/`` every time it is
+needed, never kept as a second copy. The start-up stub (``bootstrap.py``) runs in a
+namespace of its own, and the other modules become the private package
+``_hyperloom_eval_probe``: their imports of one another (``probe.runtime.X``) are renamed
+to it, so they never depend on ``probe`` being importable where they run.
 """
 
 from __future__ import annotations
@@ -10,34 +12,38 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from probe.body import PROBE_VERSION
+from patcher.markers import SITECUSTOMIZE
+from patcher.payload import Payload
+from probe.runtime.bootstrap import PACKAGE
+from probe.runtime.contract import PROBE_VERSION
 
-_HERE = Path(__file__).resolve().parent
-BEGIN = "# >>> lm-eval-probe sitecustomize"
-END = "# <<< lm-eval-probe sitecustomize <<<"
-_BEGIN_RE = re.compile(rf"^{re.escape(BEGIN)} v(?P<version>\S+) body=(?P<digest>[0-9a-f]+) >>>$")
+RUNTIME = Path(__file__).resolve().parent / "runtime"
+# Not part of the embedded package: the stub and the chain run on their own, and the
+# package's __init__ holds only documentation.
+_NOT_EMBEDDED = ("__init__", "bootstrap", "chain")
+_SIBLING_IMPORT = re.compile(r"^(\s*)(from|import) probe\.runtime\b", re.M)
 
 
 class InjectionError(ValueError):
     """The probe's source cannot be embedded safely (it would end the literal early)."""
 
 
-@dataclass(frozen=True)
-class Block:
-    """Where an injected block sits in a text, and what it says of itself."""
-
-    start: int  # index of its first line
-    end: int  # index one past its last line
-    version: str
-    digest: str
-
-
 @functools.cache  # the sources do not change while a process runs; read each once
 def _source(name: str) -> str:
-    return (_HERE / name).read_text(encoding="utf-8")
+    return (RUNTIME / f"{name}.py").read_text(encoding="utf-8")
+
+
+def runtime_modules() -> tuple[str, ...]:
+    """The names of the runtime modules embedded in the injected text."""
+    return tuple(sorted(p.stem for p in RUNTIME.glob("*.py") if p.stem not in _NOT_EMBEDDED))
+
+
+@functools.cache
+def embedded_sources() -> dict[str, str]:
+    """Each embedded module's source, as it runs injected (sibling imports renamed)."""
+    return {name: _SIBLING_IMPORT.sub(rf"\1\2 {PACKAGE}", _source(name)) for name in runtime_modules()}
 
 
 def _literal(source: str, name: str) -> str:
@@ -48,9 +54,11 @@ def _literal(source: str, name: str) -> str:
     return "r'''" + source + "'''"
 
 
+@functools.cache
 def body_digest() -> str:
-    """A short hash of what gets injected: changes whenever the body or the stub does."""
-    text = "\0".join(_source(name) for name in ("bootstrap.py", "body.py", "chain.py"))
+    """A short hash of what gets injected: changes whenever any embedded file does."""
+    names = ("bootstrap", "chain", *runtime_modules())
+    text = "\0".join(f"{name}\0{_source(name)}" for name in names)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -60,20 +68,24 @@ def sitecustomize_text(chain: bool = False) -> str:
     ``chain=True`` is for a sitecustomize.py the probe creates itself (``install`` into an
     empty directory, ``run``): it then also runs the sitecustomize.py it shadows.
     """
-    bootstrap = _literal(_source("bootstrap.py"), "bootstrap.py")
-    body = _literal(_source("body.py"), "body.py")
-    chained = _literal(_source("chain.py"), "chain.py") if chain else '""'
+    bootstrap = _literal(_source("bootstrap"), "bootstrap.py")
+    chained = _literal(_source("chain"), "chain.py") if chain else '""'
+    modules = "".join(
+        f"        {name!r}: {_literal(source, name + '.py')},\n" for name, source in embedded_sources().items()
+    )
     return (
-        f"{BEGIN} v{PROBE_VERSION} body={body_digest()} >>>\n"
+        f"{SITECUSTOMIZE.begin_line(PROBE_VERSION, body_digest())}\n"
         "# Installed by lm-eval-probe: ends max-token non-termination inside lm-eval.\n"
-        "# Disable with HYPERLOOM_EVAL_PROBE=0. Source: probe/bootstrap.py, probe/body.py.\n"
+        "# Disable with HYPERLOOM_EVAL_PROBE=0. Source: probe/runtime/ in lm-eval-probe.\n"
         "def _lm_eval_probe_start(origin):\n"
         f"    bootstrap = {bootstrap}\n"
-        f"    body = {body}\n"
+        "    modules = {\n"
+        f"{modules}"
+        "    }\n"
         f"    chain = {chained}\n"
         '    namespace = {"__name__": "_hyperloom_eval_probe_boot"}\n'
         '    exec(compile(bootstrap, f"{origin} (lm-eval-probe bootstrap)", "exec"), namespace)\n'
-        '    namespace["boot"](body, origin, chain)\n'
+        '    namespace["boot"](modules, origin, chain)\n'
         "\n"
         "\n"
         "try:\n"
@@ -82,20 +94,10 @@ def sitecustomize_text(chain: bool = False) -> str:
         "    import sys as _lm_eval_probe_sys\n"
         '    _lm_eval_probe_sys.stderr.write(f"[lm-eval-probe] start-up failed: {_lm_eval_probe_error!r}\\n")\n'
         "del _lm_eval_probe_start\n"
-        f"{END}\n"
+        f"{SITECUSTOMIZE.end_line}\n"
     )
 
 
-def find_blocks(lines: list[str]) -> list[Block]:
-    """Every injected block in ``lines`` (each line with its newline)."""
-    blocks = []
-    start: tuple[int, re.Match[str]] | None = None
-    for index, line in enumerate(lines):
-        match = _BEGIN_RE.match(line.rstrip("\n"))
-        if match:
-            start = (index, match)
-        elif line.rstrip("\n") == END and start is not None:
-            begin, found = start
-            blocks.append(Block(begin, index + 1, found["version"], found["digest"]))
-            start = None
-    return blocks
+def payload() -> Payload:
+    """Everything the patcher needs to put the probe into a file."""
+    return Payload(PROBE_VERSION, body_digest(), sitecustomize_text(chain=False), sitecustomize_text(chain=True))

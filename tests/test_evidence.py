@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from probe import body
+from probe.runtime import contract, evidence, rule, sidecar, versions
 
 
 @pytest.mark.parametrize(
@@ -22,12 +22,12 @@ from probe import body
     ],
 )
 def test_rule_needs_min_samples_and_ratio(observed: int, pathological: int, fires: bool) -> None:
-    assert body.rule_fires(observed, pathological, 16, 0.75) is fires
+    assert rule.rule_fires(observed, pathological, 16, 0.75) is fires
 
 
 def test_rule_is_exact_at_ratios_that_round_badly() -> None:
-    assert body.rule_fires(10, 7, 1, 0.7)
-    assert not body.rule_fires(10, 6, 1, 0.7)
+    assert rule.rule_fires(10, 7, 1, 0.7)
+    assert not rule.rule_fires(10, 6, 1, 0.7)
 
 
 def _response(*reasons: object, usage: object = None) -> dict:
@@ -60,16 +60,16 @@ def _response(*reasons: object, usage: object = None) -> dict:
     ],
 )
 def test_classify_response(response: object, labels: list[str]) -> None:
-    assert body.classify_response(response, 2048) == labels
+    assert evidence.classify_response(response, 2048) == labels
 
 
 def test_pathological_labels() -> None:
-    assert [body.is_pathological(x) for x in ("length", "repetition", "usage_at_cap")] == [True] * 3
-    assert [body.is_pathological(x) for x in ("stop", "usage_below_cap", "tool_calls")] == [False] * 3
+    assert [evidence.is_pathological(x) for x in ("length", "repetition", "usage_at_cap")] == [True] * 3
+    assert [evidence.is_pathological(x) for x in ("stop", "usage_below_cap", "tool_calls")] == [False] * 3
 
 
 def test_tally_counts_histogram_and_caps() -> None:
-    tally = body.Tally()
+    tally = evidence.Tally()
     tally.add(["length", "length", "stop"], 2048)
     tally.add(["repetition"], 4096)
     tally.add([], 8192)  # a malformed response adds nothing, not even its cap
@@ -85,52 +85,52 @@ def test_tally_counts_histogram_and_caps() -> None:
 
 
 def test_defaults_are_the_contract() -> None:
-    settings, warnings = body.read_settings({})
+    settings, warnings = contract.read_settings({})
     assert warnings == []
-    assert settings == body.Settings(enabled=True, min_samples=16, length_ratio=0.75, min_max_tokens=1024)
+    assert settings == contract.Settings(enabled=True, min_samples=16, length_ratio=0.75, min_max_tokens=1024)
 
 
 @pytest.mark.parametrize("value", ["0", "false", "OFF", " off ", "no"])
 def test_switch_off(value: str) -> None:
-    assert body.read_settings({body.ENV_SWITCH: value})[0].enabled is False
+    assert contract.read_settings({contract.ENV_SWITCH: value})[0].enabled is False
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        (body.ENV_MIN_SAMPLES, "ten"),
-        (body.ENV_MIN_SAMPLES, "0"),
-        (body.ENV_MIN_SAMPLES, "-3"),
-        (body.ENV_MIN_SAMPLES, "1.5"),
-        (body.ENV_LENGTH_RATIO, "nan"),
-        (body.ENV_LENGTH_RATIO, "inf"),
-        (body.ENV_LENGTH_RATIO, "0"),
-        (body.ENV_LENGTH_RATIO, "1.5"),
-        (body.ENV_LENGTH_RATIO, "most"),
-        (body.ENV_MIN_MAX_TOKENS, "-1"),
-        (body.ENV_MIN_MAX_TOKENS, "lots"),
-        (body.ENV_SWITCH, "maybe"),
+        (contract.ENV_MIN_SAMPLES, "ten"),
+        (contract.ENV_MIN_SAMPLES, "0"),
+        (contract.ENV_MIN_SAMPLES, "-3"),
+        (contract.ENV_MIN_SAMPLES, "1.5"),
+        (contract.ENV_LENGTH_RATIO, "nan"),
+        (contract.ENV_LENGTH_RATIO, "inf"),
+        (contract.ENV_LENGTH_RATIO, "0"),
+        (contract.ENV_LENGTH_RATIO, "1.5"),
+        (contract.ENV_LENGTH_RATIO, "most"),
+        (contract.ENV_MIN_MAX_TOKENS, "-1"),
+        (contract.ENV_MIN_MAX_TOKENS, "lots"),
+        (contract.ENV_SWITCH, "maybe"),
     ],
 )
 def test_bad_knob_warns_with_name_and_value_and_uses_default(name: str, value: str) -> None:
-    settings, warnings = body.read_settings({name: value})
-    assert settings == body.Settings()
+    settings, warnings = contract.read_settings({name: value})
+    assert settings == contract.Settings()
     assert len(warnings) == 1
     assert name in warnings[0] and repr(value) in warnings[0]
 
 
 def test_good_knobs_are_used() -> None:
-    settings, warnings = body.read_settings(
-        {body.ENV_MIN_SAMPLES: "4", body.ENV_LENGTH_RATIO: "0.5", body.ENV_MIN_MAX_TOKENS: "0"}
+    settings, warnings = contract.read_settings(
+        {contract.ENV_MIN_SAMPLES: "4", contract.ENV_LENGTH_RATIO: "0.5", contract.ENV_MIN_MAX_TOKENS: "0"}
     )
     assert warnings == []
     assert (settings.min_samples, settings.length_ratio, settings.min_max_tokens) == (4, 0.5, 0)
 
 
 def test_fingerprint_follows_effective_values() -> None:
-    default = body.settings_fingerprint(body.Settings())
-    assert default == body.settings_fingerprint(body.read_settings({body.ENV_LENGTH_RATIO: "nan"})[0])
-    assert default != body.settings_fingerprint(body.Settings(length_ratio=0.8))
+    default = contract.settings_fingerprint(contract.Settings())
+    assert default == contract.settings_fingerprint(contract.read_settings({contract.ENV_LENGTH_RATIO: "nan"})[0])
+    assert default != contract.settings_fingerprint(contract.Settings(length_ratio=0.8))
     assert default.startswith("sha256:") and len(default) == len("sha256:") + 16
 
 
@@ -144,11 +144,31 @@ def test_fingerprint_follows_effective_values() -> None:
     ],
 )
 def test_public_url_drops_credentials(url: str | None, public: str | None) -> None:
-    assert body.public_url(url) == public
+    assert sidecar.public_url(url) == public
 
 
 def test_sidecar_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert body.sidecar_path({"RESULT_DIR": "/a", "EVAL_RESULT_DIR": "/b"}) == f"/a/{body.SIDECAR_NAME}"
-    assert body.sidecar_path({"EVAL_RESULT_DIR": "/b"}) == f"/b/{body.SIDECAR_NAME}"
+    assert contract.sidecar_path({"RESULT_DIR": "/a", "EVAL_RESULT_DIR": "/b"}) == f"/a/{contract.SIDECAR_NAME}"
+    assert contract.sidecar_path({"EVAL_RESULT_DIR": "/b"}) == f"/b/{contract.SIDECAR_NAME}"
     monkeypatch.chdir(tmp_path)
-    assert body.sidecar_path({"RESULT_DIR": ""}) == str(tmp_path / body.SIDECAR_NAME)
+    assert contract.sidecar_path({"RESULT_DIR": ""}) == str(tmp_path / contract.SIDECAR_NAME)
+
+
+@pytest.mark.parametrize(
+    ("found", "warned"),
+    [
+        ("0.4.9.2", False),
+        ("0.4.9.1", True),
+        ("0.4.12", False),
+        ("0.4.13.dev0", False),
+        ("0.4.13", False),
+        ("0.4.8", True),
+        ("0.5.0", True),
+        ("1.0", True),
+    ],
+)
+def test_untested_lm_eval_releases_are_warned_about(found: str, warned: bool) -> None:
+    warning = versions.untested_warning(found)
+    assert (warning is not None) is warned
+    if warned:
+        assert found in warning and "0.4.9.2 to 0.4.13" in warning

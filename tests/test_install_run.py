@@ -8,12 +8,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import PYTHON, subprocess_env
+from support.procs import PYTHON
 
 from patcher.install import install
-from patcher.runner import output_path_in
-from probe import body
-from probe.inject import BEGIN
+from patcher.markers import SITECUSTOMIZE
+from probe.demo.localtask import offline_env
+from probe.inject import payload
+from probe.run import output_path_in
+from probe.runtime import contract
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
 CHECK = (
@@ -26,8 +28,8 @@ def test_install_into_an_empty_dir_chains_the_shadowed_sitecustomize(tmp_path: P
     user, ours = tmp_path / "user", tmp_path / "ours"
     user.mkdir()
     (user / "sitecustomize.py").write_text(USER_SITE)
-    assert install(ours).code == 0
-    env = subprocess_env(None, PYTHONPATH=f"{ours}:{user}")
+    assert install(ours, payload()).code == 0
+    env = offline_env(None, PYTHONPATH=f"{ours}:{user}")
     run = subprocess.run([PYTHON, "-c", CHECK], env=env, capture_output=True, text=True)
     assert run.stdout.strip() == "True"
     assert run.stderr.count("user sitecustomize ran") == 1
@@ -36,12 +38,12 @@ def test_install_into_an_empty_dir_chains_the_shadowed_sitecustomize(tmp_path: P
 def test_install_appends_to_an_existing_sitecustomize_idempotently(tmp_path: Path) -> None:
     site = tmp_path / "sitecustomize.py"
     site.write_text(USER_SITE)
-    assert "appended" in install(tmp_path).message
+    assert "appended" in install(tmp_path, payload()).message
     once = site.read_text()
-    assert once.startswith(USER_SITE) and once.count(BEGIN) == 1
-    assert "nothing changed" in install(tmp_path).message
+    assert once.startswith(USER_SITE) and once.count(SITECUSTOMIZE.end_line) == 1
+    assert "nothing changed" in install(tmp_path, payload()).message
     assert site.read_text() == once
-    run = subprocess.run([PYTHON, "-c", CHECK], env=subprocess_env(tmp_path), capture_output=True, text=True)
+    run = subprocess.run([PYTHON, "-c", CHECK], env=offline_env(tmp_path), capture_output=True, text=True)
     assert run.stdout.strip() == "True" and "user sitecustomize ran" in run.stderr
 
 
@@ -57,7 +59,7 @@ def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.Comp
     scratch.mkdir(exist_ok=True)
     return subprocess.run(
         [PYTHON, "-m", "probe", "run", "--", *command],
-        env=subprocess_env(None, TMPDIR=str(scratch), **env), capture_output=True, text=True, timeout=300,
+        env=offline_env(None, TMPDIR=str(scratch), **env), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
 
@@ -67,8 +69,8 @@ def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> No
     run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16))
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"sidecar and results go to {output}" in run.stderr
-    assert "verdict: TRIPPED (non_terminating): 16/16" in run.stderr
-    assert (output / body.SIDECAR_NAME).exists()
+    assert "summary: TRIPPED (non_terminating): 16/16" in run.stderr
+    assert (output / contract.SIDECAR_NAME).exists()
     assert list((tmp_path / "scratch").iterdir()) == []  # the temporary site dir is gone
 
 
@@ -101,7 +103,7 @@ def test_ctrl_c_reaches_the_child(tmp_path: Path) -> None:
     scratch.mkdir()
     proc = subprocess.Popen(
         [PYTHON, "-m", "probe", "run", "--result-dir", str(tmp_path / "r"), "--", PYTHON, "-c", child],
-        env=subprocess_env(None, TMPDIR=str(scratch)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=offline_env(None, TMPDIR=str(scratch)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.2)
@@ -114,14 +116,14 @@ def test_ctrl_c_reaches_the_child(tmp_path: Path) -> None:
 def test_report_knob_lists_every_group(tmp_path: Path, sim) -> None:
     report = tmp_path / "observed.json"
     script = (
-        "import sys\nsys.path.insert(0, %r)\nfrom lmhelpers import completions, generate\n"
+        "import sys\nsys.path.insert(0, %r)\nfrom support.lm import completions, generate\n"
         "generate(completions(%r), 20)\n"
     )
     server = sim("healthy")
     site = tmp_path / "site"
-    install(site)
+    install(site, payload())
     code = script % (str(Path(__file__).parent), server.base_url)
-    env = subprocess_env(site, HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
+    env = offline_env(site, HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
     run = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     observed = json.loads(report.read_text())
@@ -133,7 +135,10 @@ def test_body_command_prints_a_runnable_sitecustomize(tmp_path: Path) -> None:
         site = tmp_path / f"site{len(flags)}"
         site.mkdir()
         printed = subprocess.run([PYTHON, "-m", "probe", "body", *flags], capture_output=True, text=True, check=True)
-        assert printed.stdout.startswith(BEGIN) and ("chain = r'''" in printed.stdout) is chained
+        assert (
+            printed.stdout.startswith("# >>> lm-eval-probe sitecustomize ")
+            and ("chain = r'''" in printed.stdout) is chained
+        )
         (site / "sitecustomize.py").write_text(printed.stdout)
-        run = subprocess.run([PYTHON, "-c", CHECK], env=subprocess_env(site), capture_output=True, text=True)
+        run = subprocess.run([PYTHON, "-c", CHECK], env=offline_env(site), capture_output=True, text=True)
         assert run.stdout.strip() == "True" and run.stderr == ""

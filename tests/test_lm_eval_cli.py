@@ -6,17 +6,17 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, subprocess_env
+from support.importtime import sitecustomize_cost
+from support.procs import PYTHON
 
-from probe import body
-from probe.importtime import sitecustomize_cost
+from probe.demo.localtask import METRIC, offline_env, task_name
 from probe.inject import sitecustomize_text
-from probe.localtask import METRIC, task_name
+from probe.runtime import contract
 
 
 def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_tokens: int = 2048, **env: str):
     command = task.lm_eval_command(server.base_url, "sim", output, max_tokens, 16, *extra, model_args="max_retries=2")
-    return subprocess.run(command, env=subprocess_env(site, **env), capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, env=offline_env(site, **env), capture_output=True, text=True, timeout=300)
 
 
 def score(output: Path) -> float:
@@ -31,7 +31,7 @@ def test_lm_eval_run_trips_and_finishes_with_a_real_results_file(sim, site_dir, 
     assert run.returncode == 0, run.stderr[-2000:]
     assert "[lm-eval-probe] tripped" in run.stderr
     assert score(output) == 0.0
-    sidecar = json.loads((output / body.SIDECAR_NAME).read_text())
+    sidecar = json.loads((output / contract.SIDECAR_NAME).read_text())
     assert sidecar["verdict"]["model"] == "sim" and sidecar["final"]["short_circuited_requests"] > 0
     assert server.snapshot()["generate_requests"] < 40
 
@@ -42,7 +42,7 @@ def test_healthy_lm_eval_run_scores_like_unprobed(sim, site_dir, local_task, tmp
     probed = lm_eval(site_dir, server, local_task, tmp_path / "probed", RESULT_DIR=str(tmp_path / "probed"))
     assert unprobed.returncode == probed.returncode == 0
     assert score(tmp_path / "plain") == score(tmp_path / "probed") == 1.0
-    assert not (tmp_path / "probed" / body.SIDECAR_NAME).exists()
+    assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
 
 
 def test_use_cache_then_unprobed_rerun_gets_real_answers(sim, site_dir, local_task, tmp_path) -> None:
@@ -66,7 +66,7 @@ def test_use_cache_then_unprobed_rerun_gets_real_answers(sim, site_dir, local_ta
 
 def test_python_without_lm_eval_starts_clean(site_dir) -> None:
     """The system Python (no lm-eval) with the body installed: no output, stdlib only."""
-    env = subprocess_env(site_dir, PYTHONDONTWRITEBYTECODE="1")
+    env = offline_env(site_dir, PYTHONDONTWRITEBYTECODE="1")
     run = subprocess.run(
         ["python3", "-X", "importtime", "-c", "import json; print(json.dumps({'ok': True}))"],
         env=env, capture_output=True, text=True, timeout=60,
@@ -86,7 +86,7 @@ def test_body_appended_twice_installs_once(site_dir, sim, tmp_path) -> None:
         "print(getattr(f, '__lm_eval_probe__', False), getattr(f.__wrapped__, '__lm_eval_probe__', False),"
         " '_hyperloom_eval_probe' in sys.modules)\n"
     )
-    run = subprocess.run([PYTHON, "-c", check], env=subprocess_env(site_dir), capture_output=True, text=True)
+    run = subprocess.run([PYTHON, "-c", check], env=offline_env(site_dir), capture_output=True, text=True)
     assert run.stdout.split() == ["True", "False", "True"], run.stderr
 
 
@@ -94,7 +94,7 @@ def test_disabled_probe_leaves_lm_eval_untouched(site_dir) -> None:
     check = "import lm_eval.models.api_models as m\nprint(hasattr(m.TemplateAPI.amodel_call, '__lm_eval_probe__'))"
     run = subprocess.run(
         [PYTHON, "-c", check],
-        env=subprocess_env(site_dir, HYPERLOOM_EVAL_PROBE="false"),
+        env=offline_env(site_dir, HYPERLOOM_EVAL_PROBE="false"),
         capture_output=True,
         text=True,
     )
@@ -103,7 +103,7 @@ def test_disabled_probe_leaves_lm_eval_untouched(site_dir) -> None:
 
 def test_bad_knob_warns_once_in_a_real_process(site_dir) -> None:
     check = "import lm_eval.models.api_models"
-    env = subprocess_env(site_dir, HYPERLOOM_EVAL_PROBE_MIN_SAMPLES="lots")
+    env = offline_env(site_dir, HYPERLOOM_EVAL_PROBE_MIN_SAMPLES="lots")
     run = subprocess.run([PYTHON, "-c", check], env=env, capture_output=True, text=True)
     assert run.returncode == 0
     assert run.stderr.count("HYPERLOOM_EVAL_PROBE_MIN_SAMPLES='lots'") == 1

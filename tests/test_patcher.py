@@ -7,18 +7,18 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, subprocess_env
+from support.procs import PYTHON
 
 from patcher import benchlib, errors
 from patcher.files import patch_file
-from probe import body
-from probe.inject import BEGIN as PY_BEGIN
-from probe.inject import body_digest, sitecustomize_text
+from patcher.markers import PATCH, SITECUSTOMIZE
+from probe.demo.localtask import offline_env, write_task
+from probe.inject import body_digest, payload, sitecustomize_text
+from probe.runtime import contract
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHAPES = ("heredoc", "file")
@@ -50,10 +50,10 @@ def test_patched_script_installs_the_probe_after_the_pipeline_and_trips(tree, si
     site = patched_site(tree)
     text = site.read_text()
     compile(text, str(site), "exec")
-    assert text.index("PIPELINE_PATCHED = True") < text.index(PY_BEGIN)
+    assert text.index("PIPELINE_PATCHED = True") < text.index(SITECUSTOMIZE.end_line)
 
     server = sim("never_stop")
-    task = __import__("probe.localtask", fromlist=["write_task"]).write_task(tmp_path / "task", 30)
+    task = write_task(tmp_path / "task", 30)
     output = tmp_path / "out"
     command = [
         PYTHON, "-m", "lm_eval", "--model", "local-chat-completions", "--apply_chat_template",
@@ -62,36 +62,36 @@ def test_patched_script_installs_the_probe_after_the_pipeline_and_trips(tree, si
         "--tasks", str(task.yaml), "--output_path", str(output),
         "--gen_kwargs", "max_tokens=4096,temperature=0,top_p=1",
     ]  # fmt: skip
-    env = subprocess_env(site.parent, EVAL_RESULT_DIR=str(output))
+    env = offline_env(site.parent, EVAL_RESULT_DIR=str(output))
     lm_eval = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert lm_eval.returncode == 0, lm_eval.stderr[-3000:]
     assert "[lm-eval-probe] tripped" in lm_eval.stderr
-    assert json.loads((output / body.SIDECAR_NAME).read_text())["verdict"]["observations"] == 16
+    assert json.loads((output / contract.SIDECAR_NAME).read_text())["verdict"]["observations"] == 16
     assert server.snapshot()["generate_requests"] < 30
 
 
 def test_block_sits_before_the_anchor_with_the_terminator_at_column_zero(tree) -> None:
-    assert patch_file(tree).code == 0
+    assert patch_file(tree, payload()).code == 0
     lines = tree.read_text().splitlines()
-    begin = next(i for i, line in enumerate(lines) if benchlib.BEGIN in line)
-    end = lines.index(benchlib.END.join(["    ", ""]))
+    begin = next(i for i, line in enumerate(lines) if "# >>> lm-eval-probe patch " in line)
+    end = lines.index("    " + PATCH.end_line)
     assert lines[begin + 1].strip().startswith("cat >> ") and lines[begin + 1].endswith(f"<<'{benchlib.DELIMITER}'")
     assert lines[end - 1] == benchlib.DELIMITER  # the terminator, at column 0
     assert lines[end + 1].strip().startswith("export PYTHONPATH=")
-    assert f"v{body.PROBE_VERSION} body={body_digest()}" in lines[begin]
+    assert f"v{contract.PROBE_VERSION} body={body_digest()}" in lines[begin]
 
 
 def test_idempotent_upgrade_and_unpatch_round_trip(tree) -> None:
     original = tree.read_bytes()
-    assert patch_file(tree).code == 0
+    assert patch_file(tree, payload()).code == 0
     once = tree.read_bytes()
-    assert "already patched" in patch_file(tree).message
+    assert "already patched" in patch_file(tree, payload()).message
     assert tree.read_bytes() == once
     # An older block (other version, other body) is replaced, not added to.
     old = benchlib.patch(original.decode(), "# an older probe body\n", "0.0.1", "0123456789abcdef")
     tree.write_text(old)
     assert eval_probe("patch", "--check", str(tree)).returncode == 1
-    assert "upgraded from 0.0.1" in patch_file(tree).message
+    assert "upgraded from 0.0.1" in patch_file(tree, payload()).message
     assert tree.read_bytes() == once
     assert eval_probe("patch", "--check", str(tree)).returncode == 0
     assert eval_probe("patch", "--unpatch", str(tree)).returncode == 0
@@ -103,13 +103,13 @@ def test_dry_run_prints_a_diff_and_writes_nothing(tree) -> None:
     original = tree.read_bytes()
     run = eval_probe("patch", "--dry-run", str(tree))
     assert run.returncode == 0
-    assert run.stdout.startswith("---") and f"+    {benchlib.BEGIN}" in run.stdout
+    assert run.stdout.startswith("---") and "+    # >>> lm-eval-probe patch " in run.stdout
     assert tree.read_bytes() == original
 
 
 def test_permission_bits_are_kept(tree) -> None:
     tree.chmod(0o750)
-    assert patch_file(tree).code == 0
+    assert patch_file(tree, payload()).code == 0
     assert stat.S_IMODE(tree.stat().st_mode) == 0o750
 
 
@@ -167,13 +167,13 @@ def test_threads_and_processes_patching_at_once_leave_one_block(tmp_path) -> Non
     procs = [
         subprocess.Popen([PYTHON, "-m", "probe", "patch", str(script)], stdout=subprocess.DEVNULL) for _ in range(4)
     ]
-    threads = [threading.Thread(target=patch_file, args=(script,)) for _ in range(8)]
+    threads = [threading.Thread(target=patch_file, args=(script, payload())) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert [p.wait(timeout=120) for p in procs] == [0] * 4
-    assert script.read_text().count(benchlib.BEGIN) == 1
+    assert script.read_text().count(PATCH.end_line) == 1
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
@@ -181,4 +181,3 @@ def test_help_explains_exit_codes() -> None:
     run = eval_probe("patch", "--help")
     assert run.returncode == 0 and "6  more than one candidate anchor" in run.stdout
     assert eval_probe("patch").returncode == 64
-    assert sys.executable

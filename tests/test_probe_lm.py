@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from lm_eval.models import api_models
 from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
-from lmhelpers import GEN_KWARGS, chat, completions, generate, prompts
+from support.lm import GEN_KWARGS, chat, completions, generate
 
-from probe import body
+from probe.runtime import api, contract, install, patching, state
 
 
-def _cancelled(probe: body.Probe) -> int:
-    return sum(group.cancelled for group in probe.groups.values())
+def _cancelled(probe: state.Probe) -> int:
+    return sum(group.cancelled for group in probe.groups)
 
 
 def _sidecar(result_dir: Path) -> dict:
-    return json.loads((result_dir / body.SIDECAR_NAME).read_text())
+    return json.loads((result_dir / contract.SIDECAR_NAME).read_text())
 
 
 def test_trips_at_the_threshold_and_blanks_the_rest(sim, probed, result_dir) -> None:
@@ -42,38 +42,38 @@ def test_does_not_trip_below_min_samples(sim, probed, result_dir) -> None:
     answers = generate(completions(server.base_url), 15)
     assert all(a.startswith(" and") for a in answers)
     assert server.snapshot()["generate_requests"] == 15
-    assert not (result_dir / body.SIDECAR_NAME).exists()
+    assert not (result_dir / contract.SIDECAR_NAME).exists()
 
 
 def test_knobs_change_the_threshold(sim, result_dir, monkeypatch) -> None:
-    monkeypatch.setenv(body.ENV_MIN_SAMPLES, "4")
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "4")
     server = sim("never_stop")
-    assert body.install()
+    assert install.install()
     try:
         answers = generate(completions(server.base_url, num_concurrent=4), 12)
     finally:
-        body.uninstall()
+        install.uninstall()
     assert answers.count("") == 8
-    assert _sidecar(result_dir)["verdict"]["settings"][body.ENV_MIN_SAMPLES] == 4
+    assert _sidecar(result_dir)["verdict"]["settings"][contract.ENV_MIN_SAMPLES] == 4
 
 
 def test_short_budgets_are_not_evidence(sim, probed, result_dir) -> None:
     server = sim("never_stop")
     answers = generate(completions(server.base_url), 20, {**GEN_KWARGS, "max_tokens": 256})
     assert all(a.startswith(" and") for a in answers)
-    assert probed.groups and all(g.tally.observed == 0 for g in probed.groups.values())
+    assert list(probed.groups) and all(g.tally.observed == 0 for g in probed.groups)
 
 
 def test_healthy_model_answers_exactly_as_unprobed(sim, result_dir) -> None:
     server = sim("healthy")
     unprobed = generate(completions(server.base_url), 40)
-    assert body.install()
+    assert install.install()
     try:
         probed_answers = generate(completions(server.base_url), 40)
     finally:
-        body.uninstall()
+        install.uninstall()
     assert probed_answers == unprobed == [f" {3 * i + 1}" for i in range(40)]
-    assert not (result_dir / body.SIDECAR_NAME).exists()
+    assert not (result_dir / contract.SIDECAR_NAME).exists()
 
 
 def test_repetition_counts_as_pathological(sim, probed, result_dir) -> None:
@@ -107,7 +107,7 @@ def test_a_trip_ends_only_its_own_group(sim, probed, result_dir) -> None:
     assert generate(lm, 32).count("") == 16
     # Another group (other stop sequences) gathers its own evidence before it trips.
     assert generate(lm, 32, {**GEN_KWARGS, "until": ["Question:"]}).count("") == 16
-    final_groups = [g for g in probed.groups.values() if g.tripped]
+    final_groups = [g for g in probed.groups if g.tripped]
     assert len(final_groups) == 2
     probed.finalise()
     sidecar = _sidecar(result_dir)
@@ -119,21 +119,21 @@ def test_a_trip_ends_only_its_own_group(sim, probed, result_dir) -> None:
 def test_a_stale_sidecar_from_an_earlier_run_is_renamed(sim, probed, result_dir) -> None:
     result_dir.mkdir(parents=True)
     stale = {"schema_version": 1, "verdict": {"tripped_at": probed.started_at - 3600, "pid": 1}}
-    (result_dir / body.SIDECAR_NAME).write_text(json.dumps(stale))
+    (result_dir / contract.SIDECAR_NAME).write_text(json.dumps(stale))
     server = sim("never_stop")
     assert generate(completions(server.base_url, num_concurrent=16), 20).count("") == 4
     assert _sidecar(result_dir)["verdict"]["pid"] != 1
-    (renamed,) = result_dir.glob(f"{body.SIDECAR_NAME}.stale-*")
+    (renamed,) = result_dir.glob(f"{contract.SIDECAR_NAME}.stale-*")
     assert json.loads(renamed.read_text()) == stale
 
 
 def test_a_fresh_sidecar_of_another_process_is_kept(sim, probed, result_dir, capsys) -> None:
     result_dir.mkdir(parents=True)
     other = {"schema_version": 1, "verdict": {"tripped_at": time.time() + 1, "pid": 1}}
-    (result_dir / body.SIDECAR_NAME).write_text(json.dumps(other))
+    (result_dir / contract.SIDECAR_NAME).write_text(json.dumps(other))
     server = sim("never_stop")
     assert generate(completions(server.base_url, num_concurrent=16), 20).count("") == 4
-    assert json.loads((result_dir / body.SIDECAR_NAME).read_text()) == other
+    assert json.loads((result_dir / contract.SIDECAR_NAME).read_text()) == other
     assert "already written by another process" in capsys.readouterr().err
 
 
@@ -162,12 +162,12 @@ def test_chat_behind_a_replaced_static_parser(sim, result_dir) -> None:
 
     LocalChatCompletion.parse_generations = staticmethod(pipeline_parser)
     server = sim("never_stop")
-    assert body.install()
+    assert install.install()
     try:
         answers = generate(chat(server.base_url, num_concurrent=1), 24, chat_format=True)
         assert isinstance(LocalChatCompletion.__dict__["parse_generations"], staticmethod)
     finally:
-        body.uninstall()
+        install.uninstall()
         assert LocalChatCompletion.__dict__["parse_generations"].__func__ is pipeline_parser
         LocalChatCompletion.parse_generations = original
     assert answers.count("") == 8 and server.snapshot()["generate_requests"] == 16
@@ -176,15 +176,15 @@ def test_chat_behind_a_replaced_static_parser(sim, result_dir) -> None:
 def test_after_the_trip_no_generate_request_reaches_the_server_and_in_flight_ones_are_cancelled(
     sim, result_dir, monkeypatch
 ) -> None:
-    monkeypatch.setenv(body.ENV_MIN_SAMPLES, "2")
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "2")
     server = sim("never_stop", seconds_per_token=0.0002, jitter=2.0)  # 0.4 s to 1.2 s each
-    assert body.install()
+    assert install.install()
     started = time.monotonic()
     try:
         answers = generate(completions(server.base_url, num_concurrent=8), 40)
-        body.PROBE.finalise()
+        state.ACTIVE.finalise()
     finally:
-        body.uninstall()
+        install.uninstall()
     elapsed = time.monotonic() - started
     stats = server.snapshot()
     sidecar = _sidecar(result_dir)
@@ -215,9 +215,9 @@ def test_loglikelihood_is_never_short_circuited(sim, probed, result_dir) -> None
 
 
 def test_disable_switch_patches_nothing(sim, result_dir, monkeypatch) -> None:
-    monkeypatch.setenv(body.ENV_SWITCH, "off")
+    monkeypatch.setenv(contract.ENV_SWITCH, "off")
     before = api_models.TemplateAPI.__dict__["amodel_call"]
-    assert body.install() is False
+    assert install.install() is False
     assert api_models.TemplateAPI.__dict__["amodel_call"] is before
     server = sim("never_stop")
     assert all(generate(completions(server.base_url), 24))
@@ -226,12 +226,12 @@ def test_disable_switch_patches_nothing(sim, result_dir, monkeypatch) -> None:
 
 def test_install_twice_patches_once_and_uninstall_restores(result_dir) -> None:
     originals = {n: api_models.TemplateAPI.__dict__[n] for n in ("amodel_call", "model_call")}
-    assert body.install() and body.install()
+    assert install.install() and install.install()
     try:
         for name, original in originals.items():
             assert api_models.TemplateAPI.__dict__[name].__wrapped__ is original
     finally:
-        body.uninstall()
+        install.uninstall()
     for name, original in originals.items():
         assert api_models.TemplateAPI.__dict__[name] is original
 
@@ -241,11 +241,11 @@ def test_unwritable_result_dir_means_no_short_circuit(sim, tmp_path, monkeypatch
     blocker.write_text("not a directory")
     monkeypatch.setenv("RESULT_DIR", str(blocker / "results"))
     server = sim("never_stop")
-    assert body.install()
+    assert install.install()
     try:
         answers = generate(completions(server.base_url), 30)
     finally:
-        body.uninstall()
+        install.uninstall()
     assert all(answers) and server.snapshot()["generate_requests"] == 30
     assert "TRIP NOT APPLIED" in capsys.readouterr().err
 
@@ -255,14 +255,14 @@ def test_malformed_responses_are_not_evidence(sim, probed, result_dir) -> None:
     server = sim("malformed", malformed_body=bad)
     answers = generate(completions(server.base_url), 20)
     assert answers == [" 1"] * 20
-    assert all(g.tally.observed == 0 for g in probed.groups.values())
+    assert all(g.tally.observed == 0 for g in probed.groups)
 
 
 def test_an_internal_error_is_contained_and_reported_once(sim, probed, result_dir, monkeypatch, capsys) -> None:
     def broken(response, max_tokens):
         raise RuntimeError("probe bug")
 
-    monkeypatch.setattr(body, "classify_response", broken)
+    monkeypatch.setattr(state, "classify_response", broken)
     server = sim("healthy")
     assert generate(completions(server.base_url), 20) == [f" {3 * i + 1}" for i in range(20)]
     err = capsys.readouterr().err
@@ -284,8 +284,17 @@ def test_short_circuit_answers_never_reach_the_cache_hook(sim, probed, result_di
 @pytest.mark.parametrize("cls", [LocalCompletionsAPI, LocalChatCompletion])
 def test_parser_hook_keeps_the_method_kind(cls, probed) -> None:
     raw_before = cls.__dict__.get("parse_generations")
-    body._hook_parser(cls)
+    api.observe_parser(cls)
     raw_after = cls.__dict__.get("parse_generations")
     assert type(raw_after) is type(raw_before)
-    assert body._is_ours(raw_after)
-    assert len(prompts(1)) == 1
+    assert patching.is_ours(raw_after)
+
+
+def test_an_untested_lm_eval_is_warned_about_once_and_still_probed(result_dir, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(install, "lm_eval_version", lambda: "0.9.0")
+    try:
+        assert install.install() and install.install()
+        assert patching.is_ours(api_models.TemplateAPI.__dict__["amodel_call"])
+    finally:
+        install.uninstall()
+    assert capsys.readouterr().err.count("lm-eval 0.9.0 is outside the releases this probe was tested with") == 1

@@ -9,13 +9,14 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, subprocess_env
+from support.procs import PYTHON, probe_site
 
-from probe import body
-from probe.contract import contract_fingerprint, contract_settings
-from probe.scores import accuracy_meets_floor, finite_score
-from probe.sidecar import read_sidecar
-from probe.verdict import classify, describe
+from probe.demo.localtask import offline_env
+from probe.reader.contract import contract_fingerprint, contract_settings
+from probe.reader.scores import accuracy_meets_floor, finite_score
+from probe.reader.sidecar import read_sidecar
+from probe.reader.verdict import classify, describe
+from probe.runtime import contract
 
 METRIC = "exact_match,strict-match"
 
@@ -59,7 +60,7 @@ def write_sidecar(directory: Path, tripped_at: float = 1.0, **changes) -> Path:
         "final": {"short_circuited_requests": 1303, "cancelled_in_flight": 48},
     }  # fmt: skip
     document.update(changes)
-    path = directory / body.SIDECAR_NAME
+    path = directory / contract.SIDECAR_NAME
     path.write_text(json.dumps(document))
     return path
 
@@ -141,7 +142,7 @@ def test_a_sidecar_older_than_the_run_is_stale(tmp_path) -> None:
 )  # fmt: skip
 def test_an_unreadable_sidecar_is_never_healthy_nor_absent(tmp_path, content: str) -> None:
     write_results(tmp_path, 0.9)
-    (tmp_path / body.SIDECAR_NAME).write_text(content, encoding="latin-1")
+    (tmp_path / contract.SIDECAR_NAME).write_text(content, encoding="latin-1")
     assert read_sidecar(tmp_path).state == "unreadable"
     verdict = classify(tmp_path, 0.5)
     assert verdict["status"] == "unavailable" and "unreadable" in verdict["reason"]
@@ -164,21 +165,18 @@ def test_contract_follows_effective_values() -> None:
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory) -> dict[str, Path]:
     """Result directories from real lm-eval runs against the simulated server."""
-    from probe.inject import sitecustomize_text
-    from probe.localtask import write_task
-    from probe.simserver import SimServer
+    from probe.demo.localtask import write_task
+    from probe.demo.simserver import SimServer
 
     root = tmp_path_factory.mktemp("runs")
     task = write_task(root / "task", 24)
-    site = root / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(sitecustomize_text(chain=True))
+    site = probe_site(root / "site")
     runs = {}
     for mode in ("healthy", "never_stop"):
         with SimServer(mode) as server:
             output = root / mode
             command = task.lm_eval_command(server.base_url, "sim", output, 2048, 8)
-            run = subprocess.run(command, env=subprocess_env(site, RESULT_DIR=str(output)), capture_output=True)
+            run = subprocess.run(command, env=offline_env(site, RESULT_DIR=str(output)), capture_output=True)
             assert run.returncode == 0
             runs[mode] = output
     return runs
@@ -209,8 +207,8 @@ def test_the_reader_imports_without_lm_eval(tmp_path) -> None:
     """The system Python has no lm-eval: the reader must not need it."""
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
-        "from probe.verdict import classify\nfrom probe.contract import contract_fingerprint\n"
+        "from probe.reader.verdict import classify\nfrom probe.reader.contract import contract_fingerprint\n"
         f"print(classify({str(tmp_path)!r}, 0.5)['status'], 'lm_eval' in sys.modules)\n"
     )
-    run = subprocess.run(["python3", "-c", code], capture_output=True, text=True, env=subprocess_env(None))
+    run = subprocess.run(["python3", "-c", code], capture_output=True, text=True, env=offline_env(None))
     assert run.stdout.split() == ["unavailable", "False"], run.stderr

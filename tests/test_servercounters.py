@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from probe.servercounters import parse_vllm_metrics, server_counters
+from probe.demo.servercounters import parse_vllm_metrics, server_counters
 
 METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 vllm:generation_tokens_total{engine="0",model_name="m"} 65536.0

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from probe import body
+from probe.runtime import contract, sidecar
 
 RACER = """
 import json, os, sys, time
-from probe.body import write_sidecar_once
+from probe.runtime.sidecar import write_sidecar_once
 start = float(sys.argv[2])
 while time.time() < start:
     pass
@@ -25,16 +25,16 @@ print(json.dumps({"pid": os.getpid(), "won": won}))
 
 
 def test_one_shot(tmp_path: Path) -> None:
-    path = str(tmp_path / body.SIDECAR_NAME)
-    assert body.write_sidecar_once(path, {"n": 1}) is True
-    assert body.write_sidecar_once(path, {"n": 2}) is False
+    path = str(tmp_path / contract.SIDECAR_NAME)
+    assert sidecar.write_sidecar_once(path, {"n": 1}) is True
+    assert sidecar.write_sidecar_once(path, {"n": 2}) is False
     assert json.loads(Path(path).read_text()) == {"n": 1}
-    assert os.listdir(tmp_path) == [body.SIDECAR_NAME]  # no temporary file left behind
+    assert os.listdir(tmp_path) == [contract.SIDECAR_NAME]  # no temporary file left behind
 
 
 def test_creates_a_missing_result_dir(tmp_path: Path) -> None:
-    path = tmp_path / "not" / "yet" / body.SIDECAR_NAME
-    assert body.write_sidecar_once(str(path), {"n": 1})
+    path = tmp_path / "not" / "yet" / contract.SIDECAR_NAME
+    assert sidecar.write_sidecar_once(str(path), {"n": 1})
     assert json.loads(path.read_text()) == {"n": 1}
 
 
@@ -42,11 +42,11 @@ def test_unwritable_location_raises(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(OSError):
-        body.write_sidecar_once(str(blocker / body.SIDECAR_NAME), {"n": 1})
+        sidecar.write_sidecar_once(str(blocker / contract.SIDECAR_NAME), {"n": 1})
 
 
 def test_processes_racing_leave_exactly_one_complete_sidecar(tmp_path: Path) -> None:
-    path = tmp_path / body.SIDECAR_NAME
+    path = tmp_path / contract.SIDECAR_NAME
     start = time.time() + 1.0
     racers = [
         subprocess.Popen([sys.executable, "-c", RACER, str(path), str(start)], stdout=subprocess.PIPE, text=True)
@@ -59,8 +59,8 @@ def test_processes_racing_leave_exactly_one_complete_sidecar(tmp_path: Path) -> 
 
 
 def test_rewrite_is_atomic_replace(tmp_path: Path) -> None:
-    path = str(tmp_path / body.SIDECAR_NAME)
-    body.write_sidecar_once(path, {"final": None})
-    body.write_json_atomic(path, {"final": {"short_circuited_requests": 3}})
+    path = str(tmp_path / contract.SIDECAR_NAME)
+    sidecar.write_sidecar_once(path, {"final": None})
+    sidecar.write_json_atomic(path, {"final": {"short_circuited_requests": 3}})
     assert json.loads(Path(path).read_text())["final"]["short_circuited_requests"] == 3
-    assert os.listdir(tmp_path) == [body.SIDECAR_NAME]
+    assert os.listdir(tmp_path) == [contract.SIDECAR_NAME]

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, subprocess_env
+from support.procs import PYTHON
 
-from probe import body
-from probe.localtask import write_task
-from probe.servercounters import vllm_metrics
+from probe.demo.localtask import offline_env, write_task
+from probe.demo.servercounters import vllm_metrics
+from probe.runtime import contract
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -70,7 +70,7 @@ def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.Compl
         server.base_url, server.name, output, MAX_TOKENS, CONCURRENCY, "--log_samples", model_args="max_retries=3"
     )
     command = [PYTHON, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
-    run = subprocess.run(command, env=subprocess_env(None), capture_output=True, text=True, timeout=900)
+    run = subprocess.run(command, env=offline_env(None), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return run, vllm_metrics(server.base_url)["generation_tokens"] - before
 
@@ -85,14 +85,16 @@ def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path)
     _, unprobed_tokens = evaluate(never_stop, task, tmp_path / "plain", probed=False)
     run, probed_tokens = evaluate(never_stop, task, tmp_path / "probed", probed=True)
     assert unprobed_tokens == DOCS * MAX_TOKENS  # vLLM's own count: every request ran to the cap
-    assert "verdict: TRIPPED (non_terminating)" in run.stderr
+    assert "summary: TRIPPED (non_terminating)" in run.stderr
     # One wave of CONCURRENCY generations, plus the partial tokens of those cancelled.
     assert probed_tokens <= 1.15 * CONCURRENCY * MAX_TOKENS
     assert probed_tokens < unprobed_tokens / 3
     read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
     verdict = json.loads(read.stdout)
     assert read.returncode == 1 and verdict["status"] == "below_floor"
-    assert verdict["pathology"]["pathology"] == body.PATHOLOGY and verdict["pathology"]["max_tokens"] == [MAX_TOKENS]
+    assert verdict["pathology"]["pathology"] == contract.PATHOLOGY and verdict["pathology"]["max_tokens"] == [
+        MAX_TOKENS
+    ]
     assert verdict["results_file"] and Path(verdict["results_file"]).exists()
 
 
@@ -100,5 +102,5 @@ def test_stopping_model_does_not_trip_and_answers_as_unprobed(stops, task, tmp_p
     evaluate(stops, task, tmp_path / "plain", probed=False)
     run, _ = evaluate(stops, task, tmp_path / "probed", probed=True)
     assert "the probe did not trip: 0 of 64 generations observed ended at the cap" in run.stderr
-    assert not (tmp_path / "probed" / body.SIDECAR_NAME).exists()
+    assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
     assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS

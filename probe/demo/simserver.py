@@ -16,10 +16,8 @@ as aborted, as vLLM does. ``GET /stats`` returns the counters.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
-import json
 import re
 import threading
 import time
@@ -243,26 +241,3 @@ class SimServer:
                 }
             )
         return web.json_response({"id": "sim", "object": "text_completion", "choices": choices})
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m probe.simserver``: serve until interrupted, printing the base URL."""
-    parser = argparse.ArgumentParser(prog="python -m probe.simserver", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=MODES, default="never_stop")
-    parser.add_argument("--seconds-per-token", type=float, default=0.0)
-    parser.add_argument("--cap-fraction", type=float, default=0.5, help="for --mode mixed")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args(argv)
-    server = SimServer(args.mode, args.seconds_per_token, args.cap_fraction, args.port).start()
-    print(json.dumps({"base_url": server.base_url}), flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,7 +7,6 @@ two runs are compared side by side, followed by the reader's verdict.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -17,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from probe.inject import sitecustomize_text
-from probe.localtask import write_task
-from probe.servercounters import server_counters
-from probe.simserver import SimServer
-from probe.verdict import classify, describe
+from patcher.install import install
+from probe.demo.localtask import offline_env, write_task
+from probe.demo.servercounters import server_counters
+from probe.demo.simserver import SimServer
+from probe.inject import payload
+from probe.reader.verdict import classify, describe
 
 # One full-length simulated generation takes max_tokens x this: 4096 tokens in ~8 s.
 SECONDS_PER_TOKEN = 0.002
@@ -79,18 +79,14 @@ def demo(base_url: str | None, model: str, docs: int, max_tokens: int, concurren
         print(f"simulated never-stopping model at {base_url} (one full generation: "
               f"{max_tokens * SECONDS_PER_TOKEN:.0f} s)", file=sys.stderr)  # fmt: skip
     site = work / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(sitecustomize_text(chain=True), encoding="utf-8")
+    install(site, payload())
     print(f"task: {docs} documents, max_tokens={max_tokens}, num_concurrent={concurrency}; work dir {work}",
           file=sys.stderr)  # fmt: skip
     figures: dict[str, RunFigures] = {}
     try:
         for label, probed in (("unprobed", False), ("probed", True)):
             output = work / label
-            env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}
-            env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HYPERLOOM_EVAL_PROBE="1" if probed else "0")
-            env["RESULT_DIR"] = str(output)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+            env = offline_env(site, HYPERLOOM_EVAL_PROBE="1" if probed else "0", RESULT_DIR=str(output))
             command = task.lm_eval_command(base_url, model, output, max_tokens, concurrency, model_args="max_retries=3")
             log = work / f"{label}.log"
             before = _counters(server, base_url)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from probe.body import SCHEMA_VERSION, SIDECAR_NAME
+from probe.runtime.contract import SCHEMA_VERSION, SIDECAR_NAME
 
 State = Literal["absent", "unreadable", "valid"]
 _VERDICT_FIELDS = {
@@ -28,7 +28,7 @@ class Sidecar:
 
     state: State
     path: Path
-    verdict: dict[str, Any] = field(default_factory=dict)
+    trip: dict[str, Any] = field(default_factory=dict)  # the trip record (the document's "verdict" key)
     final: dict[str, Any] | None = None
     error: str | None = None
 
@@ -46,7 +46,7 @@ def read_sidecar(result_dir: Path) -> Sidecar:
     problem = _schema_problem(document)
     if problem:
         return Sidecar("unreadable", path, error=f"{path}: {problem}")
-    return Sidecar("valid", path, verdict=document["verdict"], final=document.get("final"))
+    return Sidecar("valid", path, trip=document["verdict"], final=document.get("final"))
 
 
 def _schema_problem(document: Any) -> str | None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from probe.body import PATHOLOGY
-from probe.results import read_score
-from probe.scores import accuracy_meets_floor, finite_score
-from probe.sidecar import read_sidecar
+from probe.reader.results import read_score
+from probe.reader.scores import accuracy_meets_floor, finite_score
+from probe.reader.sidecar import read_sidecar
+from probe.runtime.contract import PATHOLOGY
 
-STATUSES = ("ok", "below_floor", "unavailable")
 # A sidecar whose trip predates the start of the run in the results file by more than
 # this is from an earlier run in the same directory.
 _STALE_SLACK_S = 5.0
@@ -50,8 +49,8 @@ def classify(
         "sidecar": {"state": sidecar.state, "path": str(sidecar.path), "error": sidecar.error},
         "pathology": None,
     }
-    tripped = sidecar.state == "valid" and sidecar.verdict.get("tripped") is True
-    if tripped and score.started_at is not None and sidecar.verdict["tripped_at"] < score.started_at - _STALE_SLACK_S:
+    tripped = sidecar.state == "valid" and sidecar.trip.get("tripped") is True
+    if tripped and score.started_at is not None and sidecar.trip["tripped_at"] < score.started_at - _STALE_SLACK_S:
         verdict["sidecar"]["state"] = "stale"
         verdict["sidecar"]["error"] = "the sidecar predates the run in the newest results file; ignored"
         tripped = False
@@ -60,7 +59,7 @@ def classify(
         return _decide(verdict, "unavailable", f"the probe's sidecar is unreadable ({sidecar.error}): "
                        "whether the run was short-circuited cannot be told")  # fmt: skip
     if tripped:
-        verdict["pathology"] = _pathology(sidecar.verdict, sidecar.final)
+        verdict["pathology"] = _pathology(sidecar.trip, sidecar.final)
         missing = "" if value is not None else f"; and no finite score ({score.reason or _bad_value(score.raw)})"
         return _decide(verdict, "below_floor", f"generation pathology: {PATHOLOGY} (the probe tripped){missing}")
     if score.reason is not None:

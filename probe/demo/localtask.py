@@ -8,12 +8,16 @@ YAML file itself to ``--tasks``, as InferenceX does with its own gsm8k.yaml.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 TASK = "probe_arith"
+# Variables of the caller's shell that must not leak into a run: the probe's knobs, where
+# its sidecar goes, and any PYTHONPATH (which could carry another sitecustomize.py).
+_NOT_INHERITED = ("PYTHONPATH", "RESULT_DIR", "EVAL_RESULT_DIR")
 # lm-eval 0.4.9.x's CLI logs each task's YAML path relative to its own tasks folder, and
 # fails for a task whose name it does not know (measured on 0.4.9.2; 0.4.13 is fixed).
 # There the task borrows a built-in name, exactly as InferenceX's gsm8k.yaml does.
@@ -56,7 +60,6 @@ class LocalTask:
 
     yaml: Path
     name: str
-    metric: str = METRIC
 
     def lm_eval_command(
         self,
@@ -104,3 +107,18 @@ def write_task(directory: Path, n_docs: int = 32) -> LocalTask:
     yaml = directory / f"{TASK}.yaml"
     yaml.write_text(_YAML.format(task=name, data=data.resolve()), encoding="utf-8")
     return LocalTask(yaml.resolve(), name)
+
+
+def offline_env(site: Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a child process that runs lm-eval on the local task.
+
+    Offline (nothing is fetched from a hub), without the caller's probe knobs, result
+    directory or PYTHONPATH; ``site`` (a directory holding the probe's sitecustomize.py)
+    becomes the PYTHONPATH when given; ``extra`` goes on top.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE") and k not in _NOT_INHERITED}
+    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    if site is not None:
+        env["PYTHONPATH"] = str(site)
+    env.update(extra)
+    return env

@@ -11,9 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from probe.body import ENV_REPORT, RESULT_DIR_VARS
 from probe.inject import sitecustomize_text
-from probe.sidecar import read_sidecar
+from probe.reader.sidecar import read_sidecar
+from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS
+from probe.runtime.log import PREFIX
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -72,30 +73,31 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
 
 
 def summary(result_dir: Path, report: Path) -> str:
-    """One paragraph: what the sidecar says, or that the probe did not trip and what it saw."""
+    """The summary line: what the sidecar's trip record says, or that the probe did not trip and
+    what it saw."""
     sidecar = read_sidecar(result_dir)
     if sidecar.state == "unreadable":
-        return f"verdict: the sidecar is unreadable ({sidecar.error})"
+        return f"summary: the sidecar is unreadable ({sidecar.error})"
     if sidecar.state == "valid":
-        v = sidecar.verdict
+        v = sidecar.trip
         cut = sidecar.final.get("short_circuited_requests") if sidecar.final else "?"
         return (
-            f"verdict: TRIPPED ({v['pathology']}): {v['pathological']}/{v['observations']} generations hit the "
+            f"summary: TRIPPED ({v['pathology']}): {v['pathological']}/{v['observations']} generations hit the "
             f"max_tokens cap {v['max_tokens']}; {cut} requests short-circuited. Sidecar: {sidecar.path}. "
             f"Next: eval-probe read {result_dir}"
         )
     try:
         observed = json.loads(report.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return "verdict: the probe did not trip, and no lm-eval API model ran under it (nothing observed)"
+        return "summary: the probe did not trip, and no lm-eval API model ran under it (nothing observed)"
     groups = observed.get("groups", [])
     seen = sum(g["observations"] for g in groups)
     bad = sum(g["pathological"] for g in groups)
     return (
-        f"verdict: the probe did not trip: {bad} of {seen} generations observed ended at the cap, "
+        f"summary: the probe did not trip: {bad} of {seen} generations observed ended at the cap, "
         f"in {len(groups)} group(s) of generation settings"
     )
 
 
 def _say(message: str) -> None:
-    print(f"[eval-probe] {message}", file=sys.stderr, flush=True)
+    print(f"{PREFIX} {message}", file=sys.stderr, flush=True)

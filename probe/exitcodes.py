@@ -1,0 +1,57 @@
+"""Every exit code of ``eval-probe``, in one table: the CLI returns these values, and
+``--help`` and the README are made from, or checked against, this table."""
+
+from __future__ import annotations
+
+from patcher import errors
+
+USAGE = 64  # EX_USAGE: distinct from every command's own exit codes
+INTERNAL = 70  # EX_SOFTWARE: an internal error is never a verdict
+
+# `eval-probe read`: each status maps to its code explicitly.
+READ_STATUS = {"ok": 0, "below_floor": 1, "unavailable": 2}
+
+READ = (
+    (READ_STATUS["ok"], "ok: a finite score that meets the floor, and the probe did not trip"),
+    (READ_STATUS["below_floor"], "below_floor: a finite score under the floor (a measured 0.0 included), or the probe "
+     "tripped (a generation pathology; the evidence is printed)"),
+    (READ_STATUS["unavailable"], "unavailable: no results file, no finite score, or an unreadable sidecar"),
+    (INTERNAL, "internal error in eval-probe itself (a bug: please report it); never a verdict"),
+    (USAGE, "usage error"),
+)  # fmt: skip
+
+PATCH = (
+    (0, "done; with --check: patched with the current probe"),
+    (errors.NOT_CURRENT, "--check only: not patched, or patched with another version (run patch again)"),
+    (errors.FILE_PROBLEM, "the path is missing, a directory, not UTF-8, or cannot be written"),
+    (errors.NO_FUNCTION, "no _patch_lm_eval() function (or it never closes)"),
+    (errors.NO_ANCHOR, "no 'export PYTHONPATH=...' anchor (or no sitecustomize.py written) in it"),
+    (errors.AMBIGUOUS_ANCHOR, "more than one candidate anchor, or more than one _patch_lm_eval()"),
+    (errors.BASH_SYNTAX, "the patched file would fail bash -n (nothing written)"),
+    (errors.DAMAGED_BLOCK, "a damaged probe block, more than one block, or a body that contains the heredoc "
+     "terminator"),
+    (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
+    (USAGE, "usage error"),
+)  # fmt: skip
+
+INSTALL = (
+    (0, "done (written, appended, upgraded or already current)"),
+    (errors.FILE_PROBLEM, "the directory or its sitecustomize.py cannot be read or written"),
+    (errors.DAMAGED_BLOCK, "a damaged probe block, or more than one, in the sitecustomize.py"),
+    (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
+    (USAGE, "usage error"),
+)
+
+RUN = (
+    (None, "the command's own exit code (128+N when signal N ended it)"),
+    (127, "the command could not be started"),
+    (USAGE, "usage error (no command given)"),
+)
+
+
+def epilog(table: tuple[tuple[int | None, str], ...], note: str = "") -> str:
+    """The table as the 'exit codes:' section of a command's --help."""
+    lines = ["exit codes:"]
+    for code, meaning in table:
+        lines.append(f"  {'' if code is None else code:>3}  {meaning}")
+    return "\n".join(lines) + (f"\n{note}" if note else "")

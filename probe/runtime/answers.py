@@ -1,0 +1,31 @@
+"""The answers the probe makes up: typed, so that no cache and no reader mistakes them for
+a model's."""
+
+from __future__ import annotations
+
+
+class ShortCircuitAnswer(str):
+    """The empty answer the probe makes up; its type keeps it out of every cache."""
+
+    __slots__ = ()
+
+
+BLANK = ShortCircuitAnswer("")
+
+
+def blanks(n: int) -> list[str]:
+    """``n`` made-up empty answers."""
+    return [BLANK] * n
+
+
+class ShortCircuitedResponse(dict):
+    """What the sync path's ``model_call`` returns for a short-circuited request.
+
+    Shaped like a real response, so a parser that is not ours still reads empty answers;
+    ours recognises the type and answers with :data:`BLANK` instead.
+    """
+
+    def __init__(self, n: int) -> None:
+        choice = {"text": "", "message": {"content": ""}, "finish_reason": "lm_eval_probe"}
+        super().__init__(choices=[{"index": i, **choice} for i in range(n)])
+        self.n = n

@@ -1,0 +1,182 @@
+"""Glue for lm-eval's API models (``TemplateAPI``): the async and the sync request paths.
+
+- ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate, runs as a task of its
+  own so that a trip can cancel it, and answers blank once its group has tripped.
+- ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
+- Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from probe.runtime import state
+from probe.runtime.answers import BLANK, ShortCircuitedResponse
+from probe.runtime.groups import Request
+from probe.runtime.patching import is_ours, mark, replace, wrap
+
+# The request a running call belongs to. Kept in a context variable, never on the model
+# object: dozens of calls run on the same model at once under num_concurrent > 1.
+_CURRENT: contextvars.ContextVar[Request | None] = contextvars.ContextVar("lm_eval_probe_request", default=None)
+_SIGNATURES: dict[Any, inspect.Signature] = {}
+
+
+def _max_tokens(lm: Any, gen_kwargs: Any) -> int | None:
+    """The max_tokens lm-eval puts in the payload, computed the way lm-eval does."""
+    value = gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", getattr(lm, "_max_gen_toks", None)))
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwargs: dict) -> Request | None:
+    """The probe's view of a call, or None when the call is none of its business.
+
+    Any signature is accepted (``sem`` appeared in 0.4.9.1): arguments are found by name.
+    """
+    signature = _SIGNATURES.get(original)
+    if signature is None:
+        signature = _SIGNATURES[original] = inspect.signature(original)
+    bound = signature.bind_partial(lm, *args, **kwargs).arguments
+    if not bound.get("generate", kwargs.get("generate", True)):
+        return None  # loglikelihood: emits no tokens, never short-circuited
+    extra = bound.get("kwargs", {})
+    gen_kwargs = bound.get("gen_kwargs", extra.get("gen_kwargs")) or {}
+    messages = bound.get("messages", extra.get("messages"))
+    if messages is None:
+        return None
+    return probe.request(lm, gen_kwargs, len(messages), _max_tokens(lm, gen_kwargs))
+
+
+def _begin(
+    lm: Any, original: Callable, args: tuple, kwargs: dict, where: str
+) -> tuple[state.Probe | None, Request | None]:
+    """The active probe and this call's request; (probe, None) when it runs unprobed."""
+    probe = state.ACTIVE
+    if probe is None:
+        return None, None
+    try:
+        observe_parser(type(lm))
+        return probe, _request(probe, lm, original, args, kwargs)
+    except Exception as error:
+        probe.errors.report(where, error)
+        return probe, None
+
+
+def _probed_amodel_call(original: Callable) -> Callable:
+    async def amodel_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probe, request = _begin(self, original, args, kwargs, "amodel_call")
+        if probe is None or request is None:
+            return await original(self, *args, **kwargs)
+        return await _run_async(probe, request, original, self, args, kwargs)
+
+    return mark(amodel_call, original)
+
+
+async def _run_async(
+    probe: state.Probe, request: Request, original: Callable, lm: Any, args: tuple, kwargs: dict
+) -> Any:
+    group = request.group
+    if group.tripped:
+        return probe.blanks(request)
+    try:
+        gate = probe.gates.for_running_loop(lm)
+    except Exception as error:
+        probe.errors.report("gate", error)
+        gate = None
+    if gate is not None:
+        await gate.acquire()
+    try:
+        if group.tripped:  # tripped while this request waited at the gate
+            return probe.blanks(request)
+        # A task copies the current context when it is created: setting the variable around
+        # ensure_future gives lm-eval's call (and the parse_generations it makes) this
+        # request, and resetting it at once leaves this wrapper's own context untouched.
+        token = _CURRENT.set(request)
+        try:
+            inner = asyncio.ensure_future(original(lm, *args, **kwargs))
+        finally:
+            _CURRENT.reset(token)
+        group.inflight.add(inner, request)
+        try:
+            await asyncio.wait({inner})
+        except asyncio.CancelledError:
+            inner.cancel()
+            raise
+        finally:
+            group.inflight.discard(inner)
+        if request.cancelled_by_probe and (inner.cancelled() or inner.exception() is not None):
+            with probe.groups.lock:
+                group.cancelled += 1
+            return probe.blanks(request)
+        return inner.result()
+    finally:
+        if gate is not None:
+            gate.release()
+
+
+def _probed_model_call(original: Callable) -> Callable:
+    def model_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probe, request = _begin(self, original, args, kwargs, "model_call")
+        if probe is not None and request is not None and request.group.tripped:
+            probe.blanks(request)
+            return ShortCircuitedResponse(request.n_answers)
+        outputs = original(self, *args, **kwargs)
+        if probe is not None and request is not None:
+            probe.observe(request, outputs)
+        return outputs
+
+    return mark(model_call, original)
+
+
+def _observing_parser(original: Callable, is_static: bool) -> Callable:
+    position = 0 if is_static else 1
+
+    def parse_generations(*args: Any, **kwargs: Any) -> Any:
+        outputs = kwargs["outputs"] if "outputs" in kwargs else args[position] if len(args) > position else None
+        if isinstance(outputs, ShortCircuitedResponse):
+            return [BLANK] * outputs.n
+        answers = original(*args, **kwargs)
+        request = _CURRENT.get()
+        probe = state.ACTIVE
+        if request is not None and probe is not None:
+            probe.observe(request, outputs)
+        return answers
+
+    return mark(parse_generations, original)
+
+
+def observe_parser(cls: type) -> None:
+    """Make sure ``cls.parse_generations`` observes responses.
+
+    Called on every request rather than once, so that a pipeline which replaces the
+    parser after the probe installed (with a static or an instance method) is observed
+    too. The raw attribute is fetched from the defining class's ``__dict__`` along the
+    MRO, because ``getattr`` would unwrap a staticmethod and lose what kind it was.
+    """
+    for owner in cls.__mro__:
+        raw = owner.__dict__.get("parse_generations")
+        if raw is None:
+            continue
+        if is_ours(raw):
+            return
+        if isinstance(raw, staticmethod):
+            replace(owner, "parse_generations", staticmethod(_observing_parser(raw.__func__, True)))
+        elif inspect.isfunction(raw):
+            replace(owner, "parse_generations", _observing_parser(raw, False))
+        return
+
+
+def is_installed(api_models: Any) -> bool:
+    return is_ours(api_models.TemplateAPI.__dict__.get("amodel_call"))
+
+
+def install_api(api_models: Any) -> None:
+    """Patch ``TemplateAPI``'s two request paths (idempotent)."""
+    wrap(api_models.TemplateAPI, "amodel_call", _probed_amodel_call)
+    wrap(api_models.TemplateAPI, "model_call", _probed_model_call)

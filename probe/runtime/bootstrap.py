@@ -1,0 +1,86 @@
+"""Start-up stub: runs in every Python process that has the probe's sitecustomize.py.
+
+Every such process compiles it from source (InferenceX sets PYTHONDONTWRITEBYTECODE=1),
+and compiling costs about 0.3 ms per kilobyte of code here, so it stays this small. It
+only registers a finder that waits for lm-eval's API module; the runtime's modules (handed
+over as source text) are compiled then, as the private package ``_hyperloom_eval_probe``,
+and install themselves right after that module has run.
+"""
+
+import sys
+
+PACKAGE = "_hyperloom_eval_probe"
+TARGET = "lm_eval.models.api_models"
+
+
+class EmbeddedRuntime:
+    """A meta-path finder and loader for ``PACKAGE`` and its modules, from source text."""
+
+    def __init__(self, sources: dict, origin: str) -> None:
+        self.sources = sources
+        self.origin = origin
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        package, _, name = fullname.partition(".")
+        if package != PACKAGE or (name and name not in self.sources):
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, self, origin=self.origin, is_package=not name)
+
+    def create_module(self, spec: object) -> None:
+        return None
+
+    def exec_module(self, module: object) -> None:
+        name = module.__name__.partition(".")[2]
+        if name:
+            where = f"{self.origin} (lm-eval-probe {name})"
+            exec(compile(self.sources[name], where, "exec"), module.__dict__)
+
+
+def load_runtime(sources: dict, origin: str) -> object:
+    """Import the runtime's ``install`` module from ``sources``; None (and one line) on failure."""
+    try:
+        if not any(isinstance(f, EmbeddedRuntime) for f in sys.meta_path):
+            sys.meta_path.append(EmbeddedRuntime(sources, origin))
+        __import__(f"{PACKAGE}.install")
+        return sys.modules[f"{PACKAGE}.install"]
+    except Exception as error:
+        sys.stderr.write(f"[lm-eval-probe] the runtime failed to load ({error!r}); lm-eval runs unprobed\n")
+        return None
+
+
+class WaitForLmEval:
+    """A meta-path finder that hands the import of TARGET over to the runtime, once."""
+
+    def __init__(self, sources: dict, origin: str) -> None:
+        self.sources = sources
+        self.origin = origin
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        runtime = load_runtime(self.sources, self.origin)
+        return runtime.installing_spec(fullname, path, target) if runtime else None
+
+
+def boot(sources: dict, origin: str, chain_source: str = "") -> None:
+    """Arrange for the runtime to install; acts at most once per process.
+
+    ``chain_source`` (``probe/runtime/chain.py``) is given only by a sitecustomize.py the
+    probe created itself, which must also run the one it shadows.
+    """
+    if chain_source:
+        chain = {"__name__": "_hyperloom_eval_probe_chain"}
+        exec(compile(chain_source, f"{origin} (lm-eval-probe chain)", "exec"), chain)
+        chain["chain_next_sitecustomize"](origin)
+    if getattr(sys, "_lm_eval_probe_booted", False):
+        return  # installed twice (appended twice, or loaded two ways): act once
+    sys._lm_eval_probe_booted = True
+    if TARGET not in sys.modules:
+        sys.meta_path.insert(0, WaitForLmEval(sources, origin))
+        return
+    runtime = load_runtime(sources, origin)
+    if runtime:
+        runtime.install(sys.modules[TARGET])

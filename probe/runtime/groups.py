@@ -1,0 +1,79 @@
+"""Requests and the groups they belong to: lm-eval runs each group of identical generation
+settings (``gen_kwargs``: in practice, each task) as one batch, and a trip ends one group."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from probe.runtime.evidence import Tally
+from probe.runtime.inflight import InFlight
+
+
+@dataclass
+class Group:
+    """Requests that share their generation settings, and the evidence they produced."""
+
+    key: str
+    gen_kwargs: dict[str, Any]
+    tally: Tally = field(default_factory=Tally)
+    tripped: bool = False
+    trip_failed: bool = False
+    short_circuited: int = 0
+    cancelled: int = 0
+    inflight: InFlight = field(default_factory=InFlight)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "gen_kwargs": self.gen_kwargs,
+            **self.tally.as_dict(),
+            "tripped": self.tripped,
+            "short_circuited_requests": self.short_circuited,
+            "cancelled_in_flight": self.cancelled,
+        }
+
+
+@dataclass
+class Request:
+    """One generate request seen by the probe (never stored on the shared model object)."""
+
+    group: Group
+    lm: Any
+    n_answers: int
+    max_tokens: int
+    is_evidence: bool
+    observed: bool = False
+    cancelled_by_probe: bool = False
+
+
+def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
+    """A stable key for a group's generation settings, and the settings as a plain dict."""
+    settings = dict(gen_kwargs) if isinstance(gen_kwargs, Mapping) else {}
+    return json.dumps(settings, sort_keys=True, default=repr), settings
+
+
+class Groups:
+    """Every group this process has seen, in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._by_key: dict[str, Group] = {}
+        self.first_request_at: float | None = None
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(self._by_key.values()))
+
+    def get(self, gen_kwargs: Any) -> Group:
+        """The group of ``gen_kwargs``, made on first sight."""
+        key, settings = group_key(gen_kwargs)
+        with self.lock:
+            if self.first_request_at is None:
+                self.first_request_at = time.time()
+            group = self._by_key.get(key)
+            if group is None:
+                group = self._by_key[key] = Group(key, settings)
+            return group

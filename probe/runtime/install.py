@@ -1,0 +1,106 @@
+"""Installing the runtime into lm-eval, and taking it out again.
+
+The start-up stub (``bootstrap``) calls :func:`installing_spec` when lm-eval's API module is
+first imported, or :func:`install` at once when it already is. Both are idempotent and never
+raise: an error is reported once and lm-eval runs unprobed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import Any
+
+from probe.runtime import state
+from probe.runtime.api import install_api, is_installed
+from probe.runtime.caches import guard_caches
+from probe.runtime.contract import ENV_REPORT, read_settings
+from probe.runtime.log import say
+from probe.runtime.patching import restore_all
+from probe.runtime.sidecar import write_json_atomic
+from probe.runtime.versions import lm_eval_version, untested_warning
+
+
+def install(api_models: Any = None) -> bool:
+    """Patch lm-eval's API models; True when the probe is active afterwards."""
+    try:
+        settings, warnings = read_settings()
+        for warning in warnings:
+            say(warning)
+        if not settings.enabled:
+            return False
+        if api_models is None:
+            import lm_eval.models.api_models as api_models
+        from lm_eval.api import model as api_model
+
+        if is_installed(api_models):
+            return True
+        if state.ACTIVE is None:
+            warning = untested_warning(lm_eval_version())
+            if warning:
+                say(warning)
+            state.ACTIVE = state.Probe(settings)
+            atexit.register(_finalise_at_exit)
+        install_api(api_models)
+        guard_caches(api_model)
+        return True
+    except Exception as error:
+        say(f"could not install ({error!r}); lm-eval runs unprobed")
+        uninstall()
+        return False
+
+
+def uninstall() -> None:
+    """Restore every patched original and forget the probe's state."""
+    restore_all()
+    state.ACTIVE = None
+
+
+class _InstallingLoader:
+    """Runs the real loader of lm-eval's API module, then installs the probe on it."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        install(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def installing_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
+    """The real spec of lm-eval's API module, whose loader installs the probe after it ran.
+
+    Called by the start-up stub's finder, which has already taken itself off
+    ``sys.meta_path``, so the finders asked here are the real ones.
+    """
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(fullname, path, target) if find is not None else None
+        if spec is not None:
+            if spec.loader is not None:
+                spec.loader = _InstallingLoader(spec.loader)
+            return spec
+    return None
+
+
+def _finalise_at_exit() -> None:
+    probe = state.ACTIVE
+    if probe is None:
+        return
+    try:
+        probe.finalise()
+    except Exception as error:
+        say(f"could not add the final counters to the sidecar: {error!r}")
+    report = os.environ.get(ENV_REPORT)
+    if report:
+        try:
+            write_json_atomic(report, probe.report_document())
+        except Exception as error:
+            say(f"could not write the observation report {report}: {error!r}")

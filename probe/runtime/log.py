@@ -1,0 +1,45 @@
+"""The runtime's one voice: lines on stderr, each error reported once.
+
+No logging configuration can be assumed inside someone else's process, so the runtime
+writes its own lines, all with the one prefix ``[lm-eval-probe]``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+PREFIX = "[lm-eval-probe]"
+
+
+def say(message: str) -> None:
+    """Write one line on stderr; never raises."""
+    try:
+        sys.stderr.write(f"{PREFIX} {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+class ErrorReports:
+    """Reports each kind of internal error once: the host process is never flooded."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def report(self, where: str, error: BaseException) -> None:
+        key = f"{where}:{type(error).__name__}"
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        say(f"internal error in {where}: {error!r}; lm-eval carries on unprobed there")
+
+    def once(self, key: str, message: str) -> None:
+        """Say ``message`` the first time ``key`` is seen."""
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        say(message)

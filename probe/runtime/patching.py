@@ -1,0 +1,43 @@
+"""Replacing attributes of lm-eval's classes: originals kept reachable, idempotent, undoable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MARKER = "__lm_eval_probe__"
+# (owner, attribute, original raw attribute), oldest first: undone newest first.
+_ORIGINALS: list[tuple[type, str, Any]] = []
+
+
+def mark(function: Callable, original: Any) -> Callable:
+    """Tag ``function`` as the probe's wrapper of ``original`` (kept as ``__wrapped__``)."""
+    setattr(function, MARKER, True)
+    function.__wrapped__ = original  # type: ignore[attr-defined]
+    return function
+
+
+def is_ours(raw: Any) -> bool:
+    """Whether a raw class attribute (function, staticmethod, ...) is one of our wrappers."""
+    return getattr(getattr(raw, "__func__", raw), MARKER, False)
+
+
+def replace(owner: type, name: str, replacement: Any) -> None:
+    """Set ``owner.name`` to ``replacement``, remembering the raw original for :func:`restore_all`."""
+    _ORIGINALS.append((owner, name, owner.__dict__[name]))
+    setattr(owner, name, replacement)
+
+
+def wrap(owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace ``owner.name`` by ``make(original)`` unless it is absent or already ours."""
+    raw = owner.__dict__.get(name)
+    if raw is not None and not is_ours(raw):
+        replace(owner, name, make(raw))
+
+
+def restore_all() -> None:
+    """Restore every original that is still replaced by our wrapper, newest first."""
+    while _ORIGINALS:
+        owner, name, original = _ORIGINALS.pop()
+        if is_ours(owner.__dict__.get(name)):
+            setattr(owner, name, original)

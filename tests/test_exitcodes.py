@@ -1,0 +1,37 @@
+"""One table of exit codes: every command's --help and the README show exactly it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.procs import PYTHON
+
+from probe import exitcodes
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+TABLES = {"read": exitcodes.READ, "patch": exitcodes.PATCH, "install": exitcodes.INSTALL, "run": exitcodes.RUN}
+
+
+@pytest.mark.parametrize("command", sorted(TABLES))
+def test_help_and_readme_show_the_table(command: str) -> None:
+    text = exitcodes.epilog(TABLES[command])
+    assert text in README
+    shown = subprocess.run([PYTHON, "-m", "probe", command, "--help"], capture_output=True, text=True, check=True)
+    for code, _ in TABLES[command]:
+        assert f"  {'' if code is None else code:>3}  " in shown.stdout
+
+
+def test_statuses_map_to_their_codes_explicitly() -> None:
+    assert exitcodes.READ_STATUS == {"ok": 0, "below_floor": 1, "unavailable": 2}
+    codes = [code for code, _ in exitcodes.READ]
+    assert len(codes) == len(set(codes))
+
+
+def test_an_internal_error_is_never_a_verdict(tmp_path: Path) -> None:
+    # A results file the reader cannot handle would have crashed with exit 1 (below_floor).
+    broken = "import sys, probe.cli as c; c._cmd_read = lambda a: 1 / 0; sys.exit(c.main(sys.argv[1:]))"
+    run = subprocess.run([PYTHON, "-c", broken, "read", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == exitcodes.INTERNAL
+    assert "ZeroDivisionError" in run.stderr and "internal error" in run.stderr

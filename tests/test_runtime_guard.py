@@ -1,0 +1,90 @@
+"""The rule of the injected runtime: standard library, lm_eval and vllm only, never ``probe``.
+
+Every test environment has lm-eval-probe installed, so a convenient ``from probe.x import y``
+inside the runtime would pass every other test and break every InferenceX run. These two
+tests catch it: one reads the injected text, one runs it where ``probe`` cannot be imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+from support.procs import PYTHON, probe_site
+
+from probe.demo.localtask import offline_env
+from probe.inject import RUNTIME, embedded_sources, sitecustomize_text
+from probe.runtime import contract
+from probe.runtime.bootstrap import PACKAGE
+
+ALLOWED = set(sys.stdlib_module_names) | {"lm_eval", "vllm", PACKAGE, "__future__"}
+
+
+def imports(source: str, name: str) -> list[tuple[str, int]]:
+    """Every (module, level) a source imports, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.module or "", node.level))
+    return found
+
+
+def injected_sources() -> dict[str, str]:
+    """Everything the injected text runs: the text itself, the stub, the chain, each module."""
+    text = sitecustomize_text(chain=True)
+    embedded = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id != "namespace":
+            name, value = node.targets[0].id, node.value
+            if isinstance(value, ast.Constant):
+                embedded[name] = value.value
+            elif isinstance(value, ast.Dict):
+                embedded.update({f"{name}[{k.value}]": v.value for k, v in zip(value.keys, value.values, strict=True)})
+    assert set(embedded) == {"bootstrap", "chain", *(f"modules[{m}]" for m in embedded_sources())}
+    return {"sitecustomize.py": text, **embedded}
+
+
+def test_the_injected_text_imports_only_the_standard_library_lm_eval_and_vllm() -> None:
+    problems = []
+    for name, source in injected_sources().items():
+        for module, level in imports(source, name):
+            if level:
+                problems.append(f"{name}: relative import (level {level}) of {module!r}")
+            elif module.split(".")[0] not in ALLOWED:
+                problems.append(f"{name}: imports {module!r}")
+    assert problems == []
+
+
+def test_every_runtime_file_is_embedded() -> None:
+    on_disk = {p.stem for p in RUNTIME.glob("*.py")} - {"__init__", "bootstrap", "chain"}
+    assert set(embedded_sources()) == on_disk
+
+
+def test_injected_runtime_trips_real_lm_eval_where_probe_cannot_be_imported(sim, local_task, tmp_path) -> None:
+    # A directory first on PYTHONPATH whose `probe` and `patcher` refuse to import: the
+    # installed lm-eval-probe is out of reach, as it is in an InferenceX container.
+    blocker = tmp_path / "blocker"
+    for package in ("probe", "patcher"):
+        (blocker / package).mkdir(parents=True)
+        (blocker / package / "__init__.py").write_text(f"raise ImportError('{package} must not be imported here')\n")
+    site = probe_site(tmp_path / "site")
+    output = tmp_path / "out"
+    env = offline_env(None, PYTHONPATH=f"{site}:{blocker}", RESULT_DIR=str(output))
+    work = tmp_path / "cwd"  # not the checkout: `python -m` puts the working directory first on sys.path
+    work.mkdir()
+    check = subprocess.run([PYTHON, "-c", "import probe"], env=env, cwd=work, capture_output=True, text=True)
+    assert "probe must not be imported here" in check.stderr
+
+    server = sim("never_stop")
+    command = local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16, model_args="max_retries=2")
+    run = subprocess.run(command, env=env, cwd=work, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "[lm-eval-probe] tripped" in run.stderr
+    assert "failed to load" not in run.stderr and "internal error" not in run.stderr
+    trip = json.loads((output / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["observations"], trip["pathological"]) == (16, 16)
+    assert server.snapshot()["generate_requests"] < 40
