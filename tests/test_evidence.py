@@ -25,6 +25,19 @@ def test_rule_needs_min_samples_and_ratio(observed: int, pathological: int, fire
     assert rule.rule_fires(observed, pathological, 16, 0.75) is fires
 
 
+@pytest.mark.parametrize("ratio", [1e-12, 0.5, 0.75])
+def test_zero_pathological_observations_never_trip(ratio: float) -> None:
+    assert not rule.rule_fires(16, 0, 16, ratio)
+    assert not rule.rule_fires(1000, 0, 1, ratio)
+
+
+def test_a_healthy_model_is_not_tripped_by_a_tiny_ratio_knob() -> None:
+    settings, warnings = contract.read_settings({contract.ENV_LENGTH_RATIO: "1e-12"})
+    tally = evidence.Tally()
+    tally.add(["stop"] * 16, 2048)
+    assert warnings and not tally.fires(settings)
+
+
 def test_rule_is_exact_at_ratios_that_round_badly() -> None:
     assert rule.rule_fires(10, 7, 1, 0.7)
     assert not rule.rule_fires(10, 6, 1, 0.7)
@@ -107,6 +120,13 @@ def test_switch_off(value: str) -> None:
         (contract.ENV_LENGTH_RATIO, "0"),
         (contract.ENV_LENGTH_RATIO, "1.5"),
         (contract.ENV_LENGTH_RATIO, "most"),
+        (contract.ENV_LENGTH_RATIO, "1e-12"),
+        (contract.ENV_LENGTH_RATIO, "0.49"),
+        (contract.ENV_LENGTH_RATIO, "0.7_5"),
+        (contract.ENV_MIN_SAMPLES, "١٦"),
+        (contract.ENV_MIN_SAMPLES, "\uff11\uff16"),  # full-width digits
+        (contract.ENV_MIN_SAMPLES, "1_6"),
+        (contract.ENV_MIN_MAX_TOKENS, "\uff11\uff10\uff12\uff14"),
         (contract.ENV_MIN_MAX_TOKENS, "-1"),
         (contract.ENV_MIN_MAX_TOKENS, "lots"),
         (contract.ENV_SWITCH, "maybe"),

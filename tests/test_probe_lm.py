@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
@@ -116,25 +117,75 @@ def test_a_trip_ends_only_its_own_group(sim, probed, result_dir) -> None:
     assert sidecar["final"]["short_circuited_requests"] == 32
 
 
-def test_a_stale_sidecar_from_an_earlier_run_is_renamed(sim, probed, result_dir) -> None:
-    result_dir.mkdir(parents=True)
-    stale = {"schema_version": 1, "verdict": {"tripped_at": probed.started_at - 3600, "pid": 1}}
-    (result_dir / contract.SIDECAR_NAME).write_text(json.dumps(stale))
-    server = sim("never_stop")
-    assert generate(completions(server.base_url, num_concurrent=16), 20).count("") == 4
-    assert _sidecar(result_dir)["verdict"]["pid"] != 1
-    (renamed,) = result_dir.glob(f"{contract.SIDECAR_NAME}.stale-*")
-    assert json.loads(renamed.read_text()) == stale
+def foreign_sidecar(run_id: str, tripped_at: float) -> dict:
+    return {"schema_version": 1, "verdict": {"tripped_at": tripped_at, "pid": 1, "run_id": run_id}}
 
 
-def test_a_fresh_sidecar_of_another_process_is_kept(sim, probed, result_dir, capsys) -> None:
+@pytest.mark.parametrize("offset", [-3600, +3600])  # an earlier run's, or one stamped in the future
+def test_another_runs_sidecar_is_moved_aside_never_overwritten(sim, probed, result_dir, offset) -> None:
     result_dir.mkdir(parents=True)
-    other = {"schema_version": 1, "verdict": {"tripped_at": time.time() + 1, "pid": 1}}
+    other = foreign_sidecar("f" * 32 + ".1", time.time() + offset)
     (result_dir / contract.SIDECAR_NAME).write_text(json.dumps(other))
+    older = result_dir / f"{contract.SIDECAR_NAME}.stale-{int(other['verdict']['tripped_at'])}"
+    older.write_text("an older stale record")  # must survive
     server = sim("never_stop")
     assert generate(completions(server.base_url, num_concurrent=16), 20).count("") == 4
-    assert json.loads((result_dir / contract.SIDECAR_NAME).read_text()) == other
-    assert "already written by another process" in capsys.readouterr().err
+    assert _sidecar(result_dir)["verdict"]["run_id"] == probed.run_id
+    moved = sorted(result_dir.glob(f"{contract.SIDECAR_NAME}.stale-*"))
+    assert len(moved) == 2 and older.read_text() == "an older stale record"
+    assert [json.loads(m.read_text()) for m in moved if m != older] == [other]
+
+
+def test_a_sidecar_of_this_run_from_another_process_is_followed(sim, probed, result_dir, capsys) -> None:
+    result_dir.mkdir(parents=True)
+    mine = foreign_sidecar(probed.run_id, time.time())
+    (result_dir / contract.SIDECAR_NAME).write_text(json.dumps(mine))
+    server = sim("never_stop")
+    assert generate(completions(server.base_url, num_concurrent=16), 20).count("") == 4
+    assert json.loads((result_dir / contract.SIDECAR_NAME).read_text()) == mine
+    assert "sidecar written by process 1 of this run" in capsys.readouterr().err
+
+
+def make_dangling_link(path: Path) -> None:
+    path.symlink_to(path.parent / "nowhere")
+
+
+def make_loop(path: Path) -> None:
+    path.symlink_to(path)
+
+
+def make_link_out(path: Path) -> None:
+    outside = path.parent.parent / "outside.json"
+    outside.write_text(json.dumps(foreign_sidecar("e" * 32 + ".1", time.time())))
+    path.symlink_to(outside)
+
+
+def make_corrupt(path: Path) -> None:
+    path.write_text('{"schema_version": 1, "verdict": {"tripped')
+
+
+def make_directory(path: Path) -> None:
+    path.mkdir()
+
+
+def make_fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize(
+    "plant", [make_dangling_link, make_loop, make_link_out, make_corrupt, make_directory, make_fifo]
+)
+def test_something_else_at_the_sidecar_path_cuts_nothing_short(sim, probed, result_dir, capsys, plant) -> None:
+    result_dir.mkdir(parents=True)
+    path = result_dir / contract.SIDECAR_NAME
+    plant(path)
+    before = sorted(p.name for p in result_dir.parent.rglob("*"))
+    server = sim("never_stop")
+    answers = generate(completions(server.base_url, num_concurrent=16), 40)
+    assert "" not in answers and server.snapshot()["generate_requests"] == 40
+    err = capsys.readouterr().err
+    assert err.count("TRIP NOT APPLIED") == 1 and "already written by another process" not in err
+    assert sorted(p.name for p in result_dir.parent.rglob("*")) == before  # nothing written, moved or followed
 
 
 def test_sync_path_trips_too(sim, probed, result_dir) -> None:
@@ -298,3 +349,57 @@ def test_an_untested_lm_eval_is_warned_about_once_and_still_probed(result_dir, m
     finally:
         install.uninstall()
     assert capsys.readouterr().err.count("lm-eval 0.9.0 is outside the releases this probe was tested with") == 1
+
+
+class _CallableParser:
+    """A pipeline's parser that is a callable object rather than a function."""
+
+    def __call__(self, outputs, **kwargs):
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        return [c.get("text") or "" for out in outputs for c in out["choices"]]
+
+
+def _classmethod_parser(cls, outputs, **kwargs):
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    return [c.get("text") or "" for out in outputs for c in out["choices"]]
+
+
+@pytest.mark.parametrize("kind", [classmethod(_classmethod_parser), _CallableParser()], ids=["classmethod", "object"])
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_every_kind_of_replaced_parser_is_observed_and_its_blanks_stay_typed(
+    sim, result_dir, tmp_path, kind, concurrency
+) -> None:
+    from lm_eval.api.model import CachingLM
+
+    original = LocalCompletionsAPI.__dict__["parse_generations"]
+    LocalCompletionsAPI.parse_generations = kind
+    server = sim("never_stop")
+    assert install.install()
+    try:
+        cached = CachingLM(completions(server.base_url, num_concurrent=concurrency), str(tmp_path / "cache.db"))
+        answers = generate(cached, 40)
+        stored = list(cached.dbdict._inner.values())
+    finally:
+        install.uninstall()
+        assert LocalCompletionsAPI.__dict__["parse_generations"] is kind
+        LocalCompletionsAPI.parse_generations = original
+    assert answers.count("") == 24 and (result_dir / contract.SIDECAR_NAME).exists()
+    assert len(stored) == 16 and "" not in stored  # no blank reaches the cache to be replayed
+
+
+def test_a_parser_that_cannot_be_wrapped_is_said_once_and_runs_unprobed(sim, result_dir, capsys) -> None:
+    class Descriptor:
+        def __get__(self, instance, owner):
+            return lambda outputs, **kwargs: [c["text"] for c in outputs["choices"]]
+
+    original = LocalCompletionsAPI.__dict__["parse_generations"]
+    LocalCompletionsAPI.parse_generations = Descriptor()
+    server = sim("never_stop")
+    assert install.install()
+    try:
+        answers = generate(completions(server.base_url, num_concurrent=1), 30)
+    finally:
+        install.uninstall()
+        LocalCompletionsAPI.parse_generations = original
+    assert "" not in answers and server.snapshot()["generate_requests"] == 30
+    assert capsys.readouterr().err.count("cannot be observed") == 1

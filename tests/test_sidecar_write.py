@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from probe.runtime import contract, sidecar
+from probe.runtime import contract, ownership, sidecar
 
 RACER = """
 import json, os, sys, time
@@ -64,3 +65,44 @@ def test_rewrite_is_atomic_replace(tmp_path: Path) -> None:
     sidecar.write_json_atomic(path, {"final": {"short_circuited_requests": 3}})
     assert json.loads(Path(path).read_text())["final"]["short_circuited_requests"] == 3
     assert os.listdir(tmp_path) == [contract.SIDECAR_NAME]
+
+
+def test_the_temporary_file_is_unpredictable_and_never_follows_a_planted_link(tmp_path: Path) -> None:
+    path = tmp_path / contract.SIDECAR_NAME
+    target = tmp_path / "victim"
+    target.write_text("keep me")
+    # The names the old code used: a planted link there was followed and overwritten.
+    for name in (f".{contract.SIDECAR_NAME}.{os.getpid()}.{threading.get_ident()}.tmp",):
+        (tmp_path / name).symlink_to(target)
+    assert sidecar.write_sidecar_once(str(path), {"n": 1})
+    sidecar.write_json_atomic(str(path), {"n": 2})
+    assert target.read_text() == "keep me" and json.loads(path.read_text()) == {"n": 2}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == [
+        f".{contract.SIDECAR_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
+    ]
+
+
+def _trip(run_id: str, pid: int, when: float) -> dict:
+    return {"schema_version": 1, "verdict": {"run_id": run_id, "pid": pid, "tripped_at": when}, "final": None}
+
+
+def test_a_paused_run_never_overwrites_the_next_runs_sidecar(tmp_path: Path) -> None:
+    path = str(tmp_path / contract.SIDECAR_NAME)
+    paused = ownership.SidecarOwnership("a" * 32 + ".1")
+    paused.claim(path, _trip(paused.run_id, 11, 100.0))
+    # While it is paused, the next run moves its record aside and writes its own.
+    nxt = ownership.SidecarOwnership("b" * 32 + ".2")
+    assert "moved to" in nxt.claim(path, _trip(nxt.run_id, 22, 200.0))
+    where = paused.finalise({"short_circuited_requests": 5})
+    assert json.loads(Path(path).read_text())["verdict"]["run_id"] == nxt.run_id
+    assert where != path and json.loads(Path(where).read_text())["final"] == {"short_circuited_requests": 5}
+
+
+def test_another_process_of_the_same_run_is_followed_not_overwritten(tmp_path: Path) -> None:
+    path = str(tmp_path / contract.SIDECAR_NAME)
+    first = ownership.SidecarOwnership("c" * 32 + ".3")
+    first.claim(path, _trip(first.run_id, 1, 1.0))
+    second = ownership.SidecarOwnership(first.run_id)
+    assert "of this run" in second.claim(path, _trip(first.run_id, 2, 2.0))
+    assert second.finalise({"x": 1}) is None
+    assert json.loads(Path(path).read_text())["verdict"]["pid"] == 1

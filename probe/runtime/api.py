@@ -17,7 +17,7 @@ from typing import Any
 from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
 from probe.runtime.groups import Request
-from probe.runtime.patching import is_ours, mark, replace, wrap
+from probe.runtime.patching import MARKER, is_ours, mark, replace, wrap
 
 # The request a running call belongs to. Kept in a context variable, never on the model
 # object: dozens of calls run on the same model at once under num_concurrent > 1.
@@ -61,7 +61,13 @@ def _begin(
     if probe is None:
         return None, None
     try:
-        observe_parser(type(lm))
+        if not observe_parser(type(lm)):
+            probe.errors.once(
+                f"unobservable:{type(lm).__qualname__}",
+                f"the responses of {type(lm).__qualname__} cannot be observed (its parse_generations is a "
+                f"{type(_raw_parser(type(lm))[1]).__name__}, which the probe cannot wrap); it runs unprobed",
+            )
+            return probe, None
         return probe, _request(probe, lm, original, args, kwargs)
     except Exception as error:
         probe.errors.report(where, error)
@@ -134,8 +140,9 @@ def _probed_model_call(original: Callable) -> Callable:
     return mark(model_call, original)
 
 
-def _observing_parser(original: Callable, is_static: bool) -> Callable:
-    position = 0 if is_static else 1
+def _observing_parser(original: Callable, position: int) -> Callable:
+    """``original`` made to observe the response it parses (``outputs``, keyword or the
+    positional argument at ``position``: 0 for a static parser, 1 after self or cls)."""
 
     def parse_generations(*args: Any, **kwargs: Any) -> Any:
         outputs = kwargs["outputs"] if "outputs" in kwargs else args[position] if len(args) > position else None
@@ -151,25 +158,58 @@ def _observing_parser(original: Callable, is_static: bool) -> Callable:
     return mark(parse_generations, original)
 
 
-def observe_parser(cls: type) -> None:
-    """Make sure ``cls.parse_generations`` observes responses.
+class _ObservingCallable:
+    """Stands in for a parser that is a plain callable object (no descriptor): called with
+    the same arguments, and like it never bound to the instance."""
+
+    def __init__(self, original: Callable) -> None:
+        self._call = _observing_parser(original, 0)
+        self.__wrapped__ = original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+
+setattr(_ObservingCallable, MARKER, True)
+
+
+def _raw_parser(cls: type) -> tuple[type | None, Any]:
+    # The raw attribute, from the defining class's __dict__ along the MRO: getattr would
+    # unwrap a staticmethod or bind a classmethod, and lose what kind it was.
+    for owner in cls.__mro__:
+        if "parse_generations" in owner.__dict__:
+            return owner, owner.__dict__["parse_generations"]
+    return None, None
+
+
+def _observing(raw: Any) -> Any:
+    """The observing replacement of the same kind as ``raw``, or None for a kind it cannot wrap."""
+    if isinstance(raw, staticmethod):
+        return staticmethod(_observing_parser(raw.__func__, 0))
+    if isinstance(raw, classmethod):
+        return classmethod(_observing_parser(raw.__func__, 1))
+    if inspect.isfunction(raw):
+        return _observing_parser(raw, 1)
+    if callable(raw) and not hasattr(type(raw), "__get__"):
+        return _ObservingCallable(raw)
+    return None
+
+
+def observe_parser(cls: type) -> bool:
+    """Make sure ``cls.parse_generations`` observes responses; False when it cannot.
 
     Called on every request rather than once, so that a pipeline which replaces the
-    parser after the probe installed (with a static or an instance method) is observed
-    too. The raw attribute is fetched from the defining class's ``__dict__`` along the
-    MRO, because ``getattr`` would unwrap a staticmethod and lose what kind it was.
+    parser after the probe installed (a function, a staticmethod, a classmethod or a
+    callable object) is observed too.
     """
-    for owner in cls.__mro__:
-        raw = owner.__dict__.get("parse_generations")
-        if raw is None:
-            continue
-        if is_ours(raw):
-            return
-        if isinstance(raw, staticmethod):
-            replace(owner, "parse_generations", staticmethod(_observing_parser(raw.__func__, True)))
-        elif inspect.isfunction(raw):
-            replace(owner, "parse_generations", _observing_parser(raw, False))
-        return
+    owner, raw = _raw_parser(cls)
+    if owner is None or is_ours(raw):
+        return owner is not None
+    replacement = _observing(raw)
+    if replacement is None:
+        return False
+    replace(owner, "parse_generations", replacement)
+    return True
 
 
 def is_installed(api_models: Any) -> bool:

@@ -14,6 +14,8 @@ import hashlib
 import json
 import math
 import os
+import re
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +31,18 @@ ENV_MIN_MAX_TOKENS = "HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS"
 RESULT_DIR_VARS = ("RESULT_DIR", "EVAL_RESULT_DIR")
 # Set by `eval-probe run`: where to write, at exit, what the probe observed (tripped or not).
 ENV_REPORT = "HYPERLOOM_EVAL_PROBE_REPORT"
+# The identity of one run, shared by its processes through the environment (see run_id()).
+ENV_RUN_ID = "HYPERLOOM_EVAL_PROBE_RUN_ID"
 OFF_VALUES = ("0", "false", "off", "no")
 ON_VALUES = ("", "1", "true", "on", "yes")
+# A ratio under one half would trip a model most of whose generations stop: not a
+# non-termination verdict any more, so such values are refused.
+RATIO_RANGE = (0.5, 1.0)
+# ASCII only: int() and float() also accept other scripts' digits and underscores ("١٦",
+# "1_6"), which a person reading the environment would not read as the same number.
+_INTEGER = re.compile(r"\s*\+?[0-9]+\s*")
+_DECIMAL = re.compile(r"\s*\+?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
+_RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 # The lm-eval releases the test suite runs against; others get one warning, and run probed.
 TESTED_LM_EVAL = ((0, 4, 9, 2), (0, 4, 13))
 
@@ -54,22 +66,21 @@ class Settings:
 
 
 def _parse_int(name: str, raw: str, default: int, minimum: int) -> tuple[int, str | None]:
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        return default, f"{name}={raw!r} is not an integer; using the default {default}"
+    if not _INTEGER.fullmatch(raw):
+        return default, f"{name}={raw!r} is not an integer (ASCII digits); using the default {default}"
+    value = int(raw.strip())
     if value < minimum:
         return default, f"{name}={raw!r} is below {minimum}; using the default {default}"
     return value, None
 
 
 def _parse_ratio(name: str, raw: str, default: float) -> tuple[float, str | None]:
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        return default, f"{name}={raw!r} is not a number; using the default {default}"
-    if not (math.isfinite(value) and 0.0 < value <= 1.0):
-        return default, f"{name}={raw!r} is not in (0, 1]; using the default {default}"
+    if not _DECIMAL.fullmatch(raw):
+        return default, f"{name}={raw!r} is not a decimal number; using the default {default}"
+    value = float(raw.strip())
+    low, high = RATIO_RANGE
+    if not (math.isfinite(value) and low <= value <= high):
+        return default, f"{name}={raw!r} is not in [{low:g}, {high:g}]; using the default {default}"
     return value, None
 
 
@@ -126,6 +137,41 @@ def settings_fingerprint(settings: Settings) -> str:
     """A stable short hash of the effective settings: equal iff the settings are equal."""
     canonical = json.dumps(settings.as_dict(), sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def run_id(environ: dict[str, str] | None = None) -> str:
+    """This run's identity: inherited from the process that started the run, else made here.
+
+    A run is one lm-eval invocation and the processes it starts (data-parallel workers,
+    for one); they share the identity through ``HYPERLOOM_EVAL_PROBE_RUN_ID``, which holds a
+    random id and the pid of the process that made it. An inherited value counts only when
+    that pid is this process or one of its ancestors, so a value leaked into a shell never
+    makes two runs look like one. A new identity is put into ``environ`` for children.
+    """
+    env = os.environ if environ is None else environ
+    inherited = env.get(ENV_RUN_ID, "")
+    if _RUN_ID.fullmatch(inherited) and _is_ancestor_or_self(int(inherited.rsplit(".", 1)[1])):
+        return inherited
+    made = f"{uuid.uuid4().hex}.{os.getpid()}"
+    env[ENV_RUN_ID] = made
+    return made
+
+
+def _is_ancestor_or_self(pid: int) -> bool:
+    """Whether ``pid`` is this process or an ancestor (True where /proc cannot tell)."""
+    current = os.getpid()
+    for _ in range(256):  # a bound, in case /proc says something odd
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+        try:
+            with open(f"/proc/{current}/stat", encoding="ascii", errors="replace") as handle:
+                # The command name (field 2) may hold spaces and parentheses: split after it.
+                current = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return True
+    return False
 
 
 def sidecar_path(environ: Mapping[str, str] | None = None) -> str:

@@ -1,51 +1,95 @@
-"""Owning the sidecar: who wrote it, and adding the final counters at exit."""
+"""Owning the sidecar: the rule that decides whether a trip may cut the run short.
+
+A run is cut short only when a valid sidecar of *this run* exists: this process wrote it,
+or it reads back another process's valid trip record carrying this run's identity. A valid
+sidecar of another run is moved aside (never overwritten, never deleted) and this run's is
+written. Anything else at the path (a symlink, a directory, a FIFO, a corrupt file) is a
+failed write: the caller cuts nothing short and says so.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import glob
 import os
 from typing import Any
 
-from probe.runtime.sidecar import existing_trip_time, write_json_atomic, write_sidecar_once
+from probe.runtime.sidecar import read_sidecar_at, record_identity, write_json_atomic, write_sidecar_once
+
+
+class SidecarBlocked(OSError):
+    """Something that is not a sidecar of any run sits at the sidecar's path."""
 
 
 class SidecarOwnership:
-    """Claims the sidecar once per process; remembers what it wrote so it can finalise it."""
+    """Claims the sidecar for this run; remembers what this process wrote so it can finalise it."""
 
-    def __init__(self, started_at: float) -> None:
-        self.started_at = started_at
-        self.path: str | None = None  # once this process owns the sidecar
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.path: str | None = None  # once this process wrote the sidecar
         self.document: dict[str, Any] | None = None
 
     def claim(self, path: str, document: dict[str, Any]) -> str:
-        """Write ``document`` at ``path`` unless this run already has a sidecar there.
+        """Make sure ``path`` holds this run's trip record; return where it is, in words.
 
-        Returns where the trip record now is, in words. Raises OSError when it cannot be
-        written (the caller then applies nothing).
+        Raises OSError (SidecarBlocked included) when it cannot: the caller then applies
+        nothing.
         """
         if self.path is not None:
             return f"sidecar (already written by this process): {self.path}"
-        if write_sidecar_once(path, document):
-            self._own(path, document)
-            return f"sidecar: {path}"
-        existing = existing_trip_time(path)
-        if existing is not None and existing < self.started_at:
-            # Left by an earlier run: stale evidence must not stand in for this run's.
-            # Renaming it away first keeps "first writer wins" among this run's processes.
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(path, f"{path}.stale-{int(existing)}")
+        moved = ""
+        for _ in range(3):  # each round either settles it or moves one foreign sidecar aside
             if write_sidecar_once(path, document):
-                self._own(path, document)
-                return f"sidecar: {path} (an earlier run's sidecar was renamed to {path}.stale-{int(existing)})"
-        return f"sidecar already written by another process of this run: {path}"
+                self.path, self.document = path, document
+                return f"sidecar: {path}{moved}"
+            existing, what = read_sidecar_at(path)
+            if existing is None:
+                if what == "absent":
+                    continue  # removed between our write and our read: try again
+                raise SidecarBlocked(f"{path} already holds {what}, not a sidecar of this run")
+            run, pid, _ = record_identity(existing)
+            if run == self.run_id:
+                return f"sidecar written by process {pid} of this run: {path}"
+            moved = f" (another run's sidecar was moved to {_move_aside(path, existing, self.run_id)})"
+        raise SidecarBlocked(f"{path} kept changing while this process tried to write it")
 
-    def _own(self, path: str, document: dict[str, Any]) -> None:
-        self.path = path
-        self.document = document
-
-    def finalise(self, final: dict[str, Any]) -> None:
-        """Rewrite the sidecar this process wrote once, adding ``final``."""
+    def finalise(self, final: dict[str, Any]) -> str | None:
+        """Add ``final`` to the sidecar this process wrote; return where, or None when it
+        wrote none. Never overwrites another run's sidecar: a record moved aside by a later
+        run is finalised where it now lies."""
         if self.path is None or self.document is None:
-            return
-        write_json_atomic(self.path, {**self.document, "final": final})
-        self.document = None
+            return None
+        ours = record_identity(self.document)
+        for candidate in (self.path, *sorted(glob.glob(glob.escape(self.path) + ".stale-*"))):
+            existing, _ = read_sidecar_at(candidate)
+            if existing is not None and record_identity(existing) == ours:
+                write_json_atomic(candidate, {**self.document, "final": final})
+                self.document = None
+                return candidate
+        raise FileNotFoundError(f"this process's sidecar is no longer at {self.path} nor moved beside it")
+
+
+def _move_aside(path: str, existing: dict[str, Any], run_id: str) -> str:
+    """Rename another run's sidecar to a free ``PATH.stale-<time>-<n>``; return that name.
+
+    The name is checked free first and the file is checked after the move: if what moved
+    turns out to be this run's (another process of this run wrote it in between), it is
+    linked back, so no process of this run loses its record.
+    """
+    _, _, when = record_identity(existing)
+    base = f"{path}.stale-{int(when)}"
+    target = base
+    for n in range(1, 1000):
+        if not os.path.lexists(target):
+            break
+        target = f"{base}-{n}"
+    else:
+        raise SidecarBlocked(f"too many stale sidecars beside {path}")
+    os.rename(path, target)
+    moved, _ = read_sidecar_at(target)
+    if moved is not None and record_identity(moved)[0] == run_id:
+        try:
+            os.link(target, path)
+            os.unlink(target)
+        except FileExistsError:
+            pass
+    return target

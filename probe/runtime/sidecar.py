@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
-import threading
+import stat
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +28,7 @@ def public_url(url: Any) -> str | None:
 
 
 def trip_document(
+    run_id: str,
     evidence: Mapping[str, Any],
     group: Mapping[str, Any],
     settings: Settings,
@@ -42,6 +45,7 @@ def trip_document(
         "verdict": {
             "tripped": True,
             "pathology": PATHOLOGY,
+            "run_id": run_id,
             **evidence,
             "group": dict(group),
             "settings": settings.as_dict(),
@@ -58,29 +62,40 @@ def trip_document(
     }
 
 
+# What the runtime reads back from the result directory is bounded: a sidecar is a few KiB.
+MAX_SIDECAR_BYTES = 1 << 20
+
+
 def _write_temp(path: str, document: Mapping[str, Any]) -> str:
+    """``document`` as JSON in a new file beside ``path``: created exclusively, under an
+    unpredictable name, so a planted file or symlink is never followed or overwritten."""
     directory, name = os.path.split(path)
-    temp = os.path.join(directory or ".", f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    handle, temp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2, sort_keys=True)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        os.unlink(temp)
+        raise
     return temp
 
 
 def write_sidecar_once(path: str, document: Mapping[str, Any]) -> bool:
-    """Atomically create ``path`` with ``document`` unless it already exists.
+    """Atomically create ``path`` with ``document`` unless something already sits there.
 
-    Returns True when this call created the file, False when another writer (a thread or
-    another process) got there first. Raises OSError when the file cannot be written.
-    The content is complete before the name appears: a reader never sees half a file.
+    Returns True when this call created the file, False when anything (a file, a
+    directory, a symlink, dangling or not) is already at ``path``. Raises OSError when the
+    file cannot be written. The content is complete before the name appears: a reader
+    never sees half a file.
     """
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)  # lm-eval itself creates it only at the end
     temp = _write_temp(path, document)
     try:
-        os.link(temp, path)  # fails if path exists: first writer wins, across processes
+        os.link(temp, path)  # fails if path exists (even as a link): first writer wins
         return True
     except FileExistsError:
         return False
@@ -98,11 +113,53 @@ def write_json_atomic(path: str, document: Mapping[str, Any]) -> None:
         raise
 
 
-def existing_trip_time(path: str) -> float | None:
-    """``tripped_at`` of the sidecar at ``path``, or None when there is none to read."""
+def read_sidecar_at(path: str) -> tuple[dict[str, Any] | None, str]:
+    """The sidecar document at ``path`` and "", or None and what sits there instead.
+
+    Never follows a symlink, never blocks on a FIFO or a device, never reads more than
+    MAX_SIDECAR_BYTES, never raises: anything but a regular file holding a sidecar of the
+    supported schema comes back as None with a reason ("absent" when nothing is there).
+    """
     try:
-        with open(path, encoding="utf-8") as handle:
-            value = json.load(handle)["verdict"]["tripped_at"]
-    except Exception:
-        return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None, "absent"
+    except OSError as error:
+        kind = "a symlink" if os.path.islink(path) else f"something that cannot be opened ({error.strerror})"
+        return None, kind
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, "a directory" if stat.S_ISDIR(info.st_mode) else "a special file (not a regular file)"
+        if info.st_size > MAX_SIDECAR_BYTES:
+            return None, f"a file of {info.st_size} bytes (a sidecar is at most {MAX_SIDECAR_BYTES})"
+        raw = os.read(fd, MAX_SIDECAR_BYTES + 1)
+    except OSError as error:
+        return None, f"a file that cannot be read ({error.strerror})"
+    finally:
+        os.close(fd)
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, "a file that is not valid JSON"
+    problem = trip_record_problem(document)
+    return (None, problem) if problem else (document, "")
+
+
+def trip_record_problem(document: Any) -> str | None:
+    """Why ``document`` is not a sidecar this runtime can trust, or None when it is."""
+    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
+        return f"a JSON document that is not a schema-{SCHEMA_VERSION} sidecar"
+    record = document.get("verdict")
+    if not isinstance(record, dict):
+        return "a sidecar without a trip record"
+    when = record.get("tripped_at")
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        return "a sidecar whose trip time is not a finite number"
+    return None
+
+
+def record_identity(document: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """(run_id, pid, tripped_at) of a sidecar's trip record: who wrote it, and when."""
+    record = document.get("verdict") or {}
+    return record.get("run_id"), record.get("pid"), record.get("tripped_at")

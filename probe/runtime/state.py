@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from probe.runtime.answers import blanks
-from probe.runtime.contract import PROBE_VERSION, Settings, settings_fingerprint, sidecar_path
+from probe.runtime.contract import PROBE_VERSION, Settings, run_id, settings_fingerprint, sidecar_path
 from probe.runtime.evidence import classify_response
 from probe.runtime.gate import Gates
 from probe.runtime.groups import Group, Groups, Request
@@ -27,9 +27,9 @@ class Probe:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.started_at = time.time()
+        self.run_id = run_id()
         self.groups = Groups()
-        self.ownership = SidecarOwnership(self.started_at)
+        self.ownership = SidecarOwnership(self.run_id)
         self.errors = ErrorReports()
         self.gates = Gates()
 
@@ -66,7 +66,7 @@ class Probe:
     def _trip(self, group: Group, lm: Any) -> None:
         path = os.path.abspath(sidecar_path())
         document = trip_document(
-            group.tally.as_dict(), group.gen_kwargs, self.settings, self.groups.first_request_at,
+            self.run_id, group.tally.as_dict(), group.gen_kwargs, self.settings, self.groups.first_request_at,
             lm_eval_version(), getattr(lm, "model", None), getattr(lm, "base_url", None),
         )  # fmt: skip
         try:
@@ -75,8 +75,9 @@ class Probe:
             group.trip_failed = True
             say(
                 f"TRIP NOT APPLIED: the evidence says the model does not stop ({_evidence(group)}), "
-                f"but the sidecar {path} could not be written ({error!r}). Evaluation continues unprobed "
-                "so that no unexplained zero is produced. Set RESULT_DIR to a writable directory."
+                f"but the sidecar {path} could not be written ({error}). Evaluation continues unprobed "
+                "so that no unexplained zero is produced. Set RESULT_DIR to a writable directory that holds "
+                "no such file."
             )
             return
         group.tripped = True
@@ -104,6 +105,7 @@ class Probe:
         with self.groups.lock:
             return {
                 "probe_version": PROBE_VERSION,
+                "run_id": self.run_id,
                 "pid": os.getpid(),
                 "settings": self.settings.as_dict(),
                 "settings_fingerprint": settings_fingerprint(self.settings),

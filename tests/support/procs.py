@@ -16,6 +16,7 @@ PROBE_VARS = (
     contract.ENV_LENGTH_RATIO,
     contract.ENV_MIN_MAX_TOKENS,
     contract.ENV_REPORT,
+    contract.ENV_RUN_ID,
     *contract.RESULT_DIR_VARS,
 )
 
