@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON, probe_site
+from support.resultfiles import METRIC, write_results, write_sidecar
 
 from probe.demo.localtask import offline_env
 from probe.reader.contract import contract_fingerprint, contract_settings
@@ -17,8 +18,6 @@ from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import read_sidecar
 from probe.reader.verdict import classify, describe
 from probe.runtime import contract
-
-METRIC = "exact_match,strict-match"
 
 
 @pytest.mark.parametrize(
@@ -38,31 +37,6 @@ def test_finite_score_rejects_everything_else(value: object) -> None:
 def test_floor() -> None:
     assert accuracy_meets_floor(0.5, 0.5) and not accuracy_meets_floor(0.0, 0.01)
     assert accuracy_meets_floor(0.1, 0.2, higher_is_better=False) and not accuracy_meets_floor(0.3, 0.2, False)
-
-
-def write_results(
-    directory: Path, value: object, name: str = "results_2026-11-30T01-00-00.000000.json", **extra
-) -> Path:
-    path = directory / "model" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"results": {"gsm8k": {"alias": "gsm8k", METRIC: value, "x_stderr": 0.1}}, **extra}))
-    return path
-
-
-def write_sidecar(directory: Path, tripped_at: float = 1.0, **changes) -> Path:
-    document = {
-        "schema_version": 1,
-        "verdict": {
-            "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
-            "finish_reasons": {"length": 16}, "max_tokens": [16384], "settings": {}, "tripped_at": tripped_at,
-            "seconds_since_first_request": 70.1, "model": "m", "base_url": "http://h/v1",
-        },
-        "final": {"short_circuited_requests": 1303, "cancelled_in_flight": 48},
-    }  # fmt: skip
-    document.update(changes)
-    path = directory / contract.SIDECAR_NAME
-    path.write_text(json.dumps(document))
-    return path
 
 
 @pytest.mark.parametrize(
