@@ -29,7 +29,11 @@ def test_finite_score_accepts_finite_reals(value: object, expected: float) -> No
     assert result == expected and isinstance(result, float)
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, False, "0.5", "nan", None, [0.5], {"a": 1}])
+@pytest.mark.parametrize(
+    "value",
+    [math.nan, math.inf, -math.inf, True, False, "0.5", "nan", None, [0.5], {"a": 1}, 10**400, -(10**400),
+     Fraction(10**400, 3)],
+)  # fmt: skip
 def test_finite_score_rejects_everything_else(value: object) -> None:
     assert finite_score(value) is None
 
@@ -59,7 +63,7 @@ def test_a_measured_zero_is_below_floor_not_unavailable(tmp_path) -> None:
 
 
 def test_missing_things_are_unavailable_with_a_reason(tmp_path) -> None:
-    assert "no results_*.json" in classify(tmp_path, 0.5)["reason"]
+    assert "no results file" in classify(tmp_path, 0.5)["reason"]
     write_results(tmp_path, 0.9)
     assert "task 'mmlu'" in classify(tmp_path, 0.5, task="mmlu")["reason"]
     assert "metric 'acc,none'" in classify(tmp_path, 0.5, metric="acc,none")["reason"]
@@ -70,13 +74,6 @@ def test_corrupt_results_json_is_unavailable(tmp_path) -> None:
     path.write_text('{"results": {"gsm8k": ')
     verdict = classify(tmp_path, 0.5)
     assert verdict["status"] == "unavailable" and "cannot read" in verdict["reason"]
-
-
-def test_the_newest_results_file_wins(tmp_path) -> None:
-    write_results(tmp_path, 0.9, name="results_2026-11-29T10-00-00.000000.json")
-    newest = write_results(tmp_path, 0.1, name="results_2026-11-30T10-00-00.000000.json")
-    verdict = classify(tmp_path, 0.5)
-    assert verdict["results_file"] == str(newest) and verdict["score"] == 0.1
 
 
 def test_default_task_and_metric_are_reported(tmp_path) -> None:
@@ -99,7 +96,7 @@ def test_a_tripped_run_is_below_floor_whatever_the_score(tmp_path) -> None:
 def test_a_tripped_run_without_results_is_still_explained(tmp_path) -> None:
     write_sidecar(tmp_path)
     verdict = classify(tmp_path, 0.5)
-    assert verdict["status"] == "below_floor" and "no results_*.json" in verdict["reason"]
+    assert verdict["status"] == "below_floor" and "no results file" in verdict["reason"]
 
 
 def test_a_sidecar_older_than_the_run_is_stale(tmp_path) -> None:
@@ -175,6 +172,12 @@ def test_read_exit_codes(tmp_path) -> None:
     assert read_cli(str(tmp_path)).returncode == 2
     assert read_cli(str(tmp_path / "missing")).returncode == 64
     assert read_cli(str(tmp_path), "--floor", "high").returncode == 64
+
+
+def test_classify_refuses_a_non_finite_floor(tmp_path) -> None:
+    write_results(tmp_path, 0.9)
+    with pytest.raises(ValueError, match="finite"):
+        classify(tmp_path, math.nan)
 
 
 def test_the_reader_imports_without_lm_eval(tmp_path) -> None:
