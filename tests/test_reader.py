@@ -174,6 +174,20 @@ def test_read_exit_codes(tmp_path) -> None:
     assert read_cli(str(tmp_path), "--floor", "high").returncode == 64
 
 
+@pytest.mark.parametrize("floor", ["nan", "NaN", "inf", "-inf", "1e999", "1_0", "\uff11", "\u0661", " 0.5"])
+def test_read_refuses_a_floor_that_is_not_a_plain_finite_number(tmp_path, floor: str) -> None:
+    write_results(tmp_path, 0.9)
+    run = read_cli(str(tmp_path), f"--floor={floor}")  # with '=', "-inf" is not taken for an option
+    assert run.returncode == 64 and "--floor" in run.stderr and "finite" in run.stderr, (run.returncode, run.stderr)
+
+
+@pytest.mark.parametrize("floor", ["0", "0.5", ".5", "-1", "+2", "1e-3", "5E+1"])
+def test_read_accepts_plain_finite_floors(tmp_path, floor: str) -> None:
+    write_results(tmp_path, 0.9)
+    run = read_cli(str(tmp_path), "--floor", floor, "--json")
+    assert json.loads(run.stdout)["floor"] == float(floor)
+
+
 def test_classify_refuses_a_non_finite_floor(tmp_path) -> None:
     write_results(tmp_path, 0.9)
     with pytest.raises(ValueError, match="finite"):
