@@ -264,3 +264,14 @@ def test_results_linked_from_outside_the_result_directory_are_unavailable(tmp_pa
     else:
         (result_dir / "model" / f"results_{ISO}.json").symlink_to(source)
     unavailable_because(result_dir, "outside the result directory")
+
+
+def test_run_summary_does_not_block_on_a_fifo_sidecar(tmp_path: Path) -> None:
+    # `eval-probe run` reads the sidecar the same way to print its summary line.
+    os.mkfifo(tmp_path / contract.SIDECAR_NAME)
+    code = (
+        "import sys; from pathlib import Path; from probe.run import summary\n"
+        "print(summary(Path(sys.argv[1]), Path(sys.argv[1]) / 'none'))"
+    )
+    run = subprocess.run([PYTHON, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert "the sidecar is unreadable" in run.stdout and "not a regular file (a FIFO)" in run.stdout, run.stderr
