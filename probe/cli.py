@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -39,6 +41,27 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+# Plain ASCII decimal notation only: float() and int() also take "nan", "inf", "1_0" and
+# non-ASCII digits ("\uff11\uff16", "\u0661\u0666"), which no one means as an option value.
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+_COUNT = re.compile(r"\d+", re.ASCII)
+
+
+def finite_float(text: str) -> float:
+    """An option's value as a finite float; ArgumentTypeError (a usage error) otherwise."""
+    value = float(text) if _DECIMAL.fullmatch(text) else math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in plain decimal notation (e.g. 0.5)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An option's value as an integer of at least 1; ArgumentTypeError otherwise."""
+    if not _COUNT.fullmatch(text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1 in plain digits")
+    return int(text)
 
 
 def _cmd_body(args: argparse.Namespace) -> int:
@@ -97,7 +120,9 @@ def _cmd_read(args: argparse.Namespace) -> int:
         print(f"eval-probe read: {args.result_dir} is not a directory", file=sys.stderr)
         return USAGE_ERROR
     verdict = classify(args.result_dir, args.floor, args.task, args.metric, not args.lower_is_better)
-    print(json.dumps(verdict, indent=2) if args.json else describe(verdict))
+    # allow_nan=False: --json output is strict JSON for orchestrators; the reader never lets a
+    # non-finite number into a verdict, and should one slip in, that is an internal error.
+    print(json.dumps(verdict, indent=2, allow_nan=False) if args.json else describe(verdict))
     return exitcodes.READ_STATUS[verdict["status"]]
 
 
@@ -173,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     read.add_argument("result_dir", help="lm-eval's --output_path (holds the sidecar and <model>/results_*.json)")
-    read.add_argument("--floor", type=float, default=0.01, help="the lowest usable score (default 0.01)")
+    read.add_argument(
+        "--floor", type=finite_float, default=0.01, help="the lowest usable score, a finite number (default 0.01)"
+    )
     read.add_argument("--task", help="task name (default: the first task in the results file)")
     read.add_argument("--metric", help="metric key, e.g. exact_match,strict-match (default: first accuracy-like)")
     read.add_argument("--lower-is-better", action="store_true", help="the metric is an error rate, not an accuracy")
@@ -186,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--base-url", help="a real OpenAI-compatible server (default: a simulated one, in-process)")
     demo.add_argument("--model", default="sim-never-stop", help="the served model name (with --base-url)")
-    demo.add_argument("--docs", type=int, default=64, help="documents in the task (default 64)")
-    demo.add_argument("--max-tokens", type=int, default=4096, help="the per-request budget (default 4096)")
-    demo.add_argument("--concurrency", type=int, default=16, help="lm-eval's num_concurrent (default 16)")
+    demo.add_argument("--docs", type=positive_int, default=64, help="documents in the task (default 64)")
+    demo.add_argument("--max-tokens", type=positive_int, default=4096, help="the per-request budget (default 4096)")
+    demo.add_argument("--concurrency", type=positive_int, default=16, help="lm-eval's num_concurrent (default 16)")
     return parser
 
 

@@ -15,7 +15,8 @@ READ = (
     (READ_STATUS["ok"], "ok: a finite score that meets the floor, and the probe did not trip"),
     (READ_STATUS["below_floor"], "below_floor: a finite score under the floor (a measured 0.0 included), or the probe "
      "tripped (a generation pathology; the evidence is printed)"),
-    (READ_STATUS["unavailable"], "unavailable: no results file, no finite score, or an unreadable sidecar"),
+    (READ_STATUS["unavailable"], "unavailable: no results file, one that cannot be read or ordered, no finite "
+     "score, or an unreadable sidecar"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it); never a verdict"),
     (USAGE, "usage error"),
 )  # fmt: skip

@@ -35,3 +35,12 @@ def test_an_internal_error_is_never_a_verdict(tmp_path: Path) -> None:
     run = subprocess.run([PYTHON, "-c", broken, "read", str(tmp_path)], capture_output=True, text=True)
     assert run.returncode == exitcodes.INTERNAL
     assert "ZeroDivisionError" in run.stderr and "internal error" in run.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "1_6", "\uff11\uff16", "\u0661\u0666", "16.0"])
+def test_demo_refuses_counts_that_are_not_plain_positive_integers(value: str) -> None:
+    # int() takes "1_6" and non-ASCII digits as 16; nobody means them. (The unreachable
+    # server only matters if the value were wrongly accepted.)
+    command = [PYTHON, "-m", "probe", "demo", "--base-url", "http://127.0.0.1:9", f"--docs={value}"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == exitcodes.USAGE and "--docs" in run.stderr, (run.returncode, run.stderr[-500:])

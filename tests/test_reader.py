@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON, probe_site
+from support.resultfiles import METRIC, write_results, write_sidecar
 
 from probe.demo.localtask import offline_env
 from probe.reader.contract import contract_fingerprint, contract_settings
@@ -17,8 +18,6 @@ from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import read_sidecar
 from probe.reader.verdict import classify, describe
 from probe.runtime import contract
-
-METRIC = "exact_match,strict-match"
 
 
 @pytest.mark.parametrize(
@@ -30,7 +29,11 @@ def test_finite_score_accepts_finite_reals(value: object, expected: float) -> No
     assert result == expected and isinstance(result, float)
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, False, "0.5", "nan", None, [0.5], {"a": 1}])
+@pytest.mark.parametrize(
+    "value",
+    [math.nan, math.inf, -math.inf, True, False, "0.5", "nan", None, [0.5], {"a": 1}, 10**400, -(10**400),
+     Fraction(10**400, 3)],
+)  # fmt: skip
 def test_finite_score_rejects_everything_else(value: object) -> None:
     assert finite_score(value) is None
 
@@ -38,31 +41,6 @@ def test_finite_score_rejects_everything_else(value: object) -> None:
 def test_floor() -> None:
     assert accuracy_meets_floor(0.5, 0.5) and not accuracy_meets_floor(0.0, 0.01)
     assert accuracy_meets_floor(0.1, 0.2, higher_is_better=False) and not accuracy_meets_floor(0.3, 0.2, False)
-
-
-def write_results(
-    directory: Path, value: object, name: str = "results_2026-11-30T01-00-00.000000.json", **extra
-) -> Path:
-    path = directory / "model" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"results": {"gsm8k": {"alias": "gsm8k", METRIC: value, "x_stderr": 0.1}}, **extra}))
-    return path
-
-
-def write_sidecar(directory: Path, tripped_at: float = 1.0, **changes) -> Path:
-    document = {
-        "schema_version": 1,
-        "verdict": {
-            "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
-            "finish_reasons": {"length": 16}, "max_tokens": [16384], "settings": {}, "tripped_at": tripped_at,
-            "seconds_since_first_request": 70.1, "model": "m", "base_url": "http://h/v1",
-        },
-        "final": {"short_circuited_requests": 1303, "cancelled_in_flight": 48},
-    }  # fmt: skip
-    document.update(changes)
-    path = directory / contract.SIDECAR_NAME
-    path.write_text(json.dumps(document))
-    return path
 
 
 @pytest.mark.parametrize(
@@ -85,7 +63,7 @@ def test_a_measured_zero_is_below_floor_not_unavailable(tmp_path) -> None:
 
 
 def test_missing_things_are_unavailable_with_a_reason(tmp_path) -> None:
-    assert "no results_*.json" in classify(tmp_path, 0.5)["reason"]
+    assert "no results file" in classify(tmp_path, 0.5)["reason"]
     write_results(tmp_path, 0.9)
     assert "task 'mmlu'" in classify(tmp_path, 0.5, task="mmlu")["reason"]
     assert "metric 'acc,none'" in classify(tmp_path, 0.5, metric="acc,none")["reason"]
@@ -96,13 +74,6 @@ def test_corrupt_results_json_is_unavailable(tmp_path) -> None:
     path.write_text('{"results": {"gsm8k": ')
     verdict = classify(tmp_path, 0.5)
     assert verdict["status"] == "unavailable" and "cannot read" in verdict["reason"]
-
-
-def test_the_newest_results_file_wins(tmp_path) -> None:
-    write_results(tmp_path, 0.9, name="results_2026-11-29T10-00-00.000000.json")
-    newest = write_results(tmp_path, 0.1, name="results_2026-11-30T10-00-00.000000.json")
-    verdict = classify(tmp_path, 0.5)
-    assert verdict["results_file"] == str(newest) and verdict["score"] == 0.1
 
 
 def test_default_task_and_metric_are_reported(tmp_path) -> None:
@@ -125,7 +96,7 @@ def test_a_tripped_run_is_below_floor_whatever_the_score(tmp_path) -> None:
 def test_a_tripped_run_without_results_is_still_explained(tmp_path) -> None:
     write_sidecar(tmp_path)
     verdict = classify(tmp_path, 0.5)
-    assert verdict["status"] == "below_floor" and "no results_*.json" in verdict["reason"]
+    assert verdict["status"] == "below_floor" and "no results file" in verdict["reason"]
 
 
 def test_a_sidecar_older_than_the_run_is_stale(tmp_path) -> None:
@@ -201,6 +172,26 @@ def test_read_exit_codes(tmp_path) -> None:
     assert read_cli(str(tmp_path)).returncode == 2
     assert read_cli(str(tmp_path / "missing")).returncode == 64
     assert read_cli(str(tmp_path), "--floor", "high").returncode == 64
+
+
+@pytest.mark.parametrize("floor", ["nan", "NaN", "inf", "-inf", "1e999", "1_0", "\uff11", "\u0661", " 0.5"])
+def test_read_refuses_a_floor_that_is_not_a_plain_finite_number(tmp_path, floor: str) -> None:
+    write_results(tmp_path, 0.9)
+    run = read_cli(str(tmp_path), f"--floor={floor}")  # with '=', "-inf" is not taken for an option
+    assert run.returncode == 64 and "--floor" in run.stderr and "finite" in run.stderr, (run.returncode, run.stderr)
+
+
+@pytest.mark.parametrize("floor", ["0", "0.5", ".5", "-1", "+2", "1e-3", "5E+1"])
+def test_read_accepts_plain_finite_floors(tmp_path, floor: str) -> None:
+    write_results(tmp_path, 0.9)
+    run = read_cli(str(tmp_path), "--floor", floor, "--json")
+    assert json.loads(run.stdout)["floor"] == float(floor)
+
+
+def test_classify_refuses_a_non_finite_floor(tmp_path) -> None:
+    write_results(tmp_path, 0.9)
+    with pytest.raises(ValueError, match="finite"):
+        classify(tmp_path, math.nan)
 
 
 def test_the_reader_imports_without_lm_eval(tmp_path) -> None:

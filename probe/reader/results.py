@@ -1,11 +1,12 @@
-"""Finding lm-eval's results file in a result directory, and a score in it."""
+"""A score in the newest results file of a result directory."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from probe.reader.candidates import list_candidates, newest
 
 # Metrics that read as accuracy, in order of preference, for the documented default.
 ACCURACY_LIKE = ("exact_match", "acc", "acc_norm", "f1", "pass@1", "accuracy")
@@ -23,36 +24,21 @@ class Score:
     started_at: float | None = None
 
 
-def newest_results(result_dir: Path) -> Path | None:
-    """The newest ``results_<ISO time>.json`` anywhere under ``result_dir``.
-
-    lm-eval nests it in a directory named after the model; the ISO time in the name
-    orders the files (the modification time breaks ties).
-    """
-    found = [p for p in Path(result_dir).rglob("results_*.json") if p.is_file()]
-    if not found:
-        return None
-    return max(found, key=lambda p: (p.name, p.stat().st_mtime))
-
-
-def read_score(result_dir: Path, task: str | None = None, metric: str | None = None) -> Score:
-    """The score of ``task``/``metric`` in the newest results file.
+def read_score(result_dir: Path, task: str | None = None, metric: str | None = None, now: float | None = None) -> Score:
+    """The score of ``task``/``metric`` in the newest results file (see ``candidates.newest``).
 
     With no task, the first task in the file; with no metric, the task's first metric
     whose name (before the comma) is accuracy-like (see ACCURACY_LIKE), else its first
-    numeric one. The choice made is reported in the returned Score.
+    numeric one. The choice made is reported in the returned Score. When the newest file
+    cannot be told or read, the Score has no value and its ``reason`` says why.
     """
-    path = newest_results(result_dir)
-    if path is None:
-        return Score(None, task, metric, reason=f"no results_*.json under {result_dir}")
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-        results = document["results"]
-        if not isinstance(results, dict):
-            raise TypeError("'results' is not an object")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
-        return Score(path, task, metric, reason=f"cannot read {path}: {error!r}")
-    started = document.get("date") if isinstance(document.get("date"), (int, float)) else None
+    chosen = newest(list_candidates(result_dir, now))
+    if chosen is None:
+        return Score(None, task, metric, reason=f"no results file under {result_dir} (lm-eval's "
+                     "results_<time>.json, or InferenceX's results_<time>_conc<N>.json)")  # fmt: skip
+    if chosen.reason is not None or chosen.results is None:
+        return Score(chosen.path, task, metric, reason=chosen.reason)
+    path, results, started = chosen.path, chosen.results, chosen.started_at
     if task is None:
         task = next(iter(results), None)
     if task not in results or not isinstance(results[task], dict):

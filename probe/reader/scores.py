@@ -9,12 +9,16 @@ from numbers import Real
 def finite_score(value: object) -> float | None:
     """``value`` as a float when it is a finite real number (0.0 included), else None.
 
-    Booleans, strings (numeric or not), None, NaN and +/-inf are all None: a score is
-    only what lm-eval measured, never something coerced into looking like one.
+    Booleans, strings (numeric or not), None, NaN, +/-inf and numbers too large for a float
+    are all None: a score is only what lm-eval measured, never something coerced into
+    looking like one.
     """
     if isinstance(value, bool) or not isinstance(value, Real):
         return None
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # a JSON integer of hundreds of digits: finite there, not as a score
+        return None
     return result if math.isfinite(result) else None
 
 

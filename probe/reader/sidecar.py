@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from probe.reader.documents import Unreadable, parse_json, recorded_time
+from probe.reader.files import read_regular_file
 from probe.runtime.contract import SCHEMA_VERSION, SIDECAR_NAME
+
+MAX_SIDECAR_BYTES = 2**20  # the probe writes a few KiB
 
 State = Literal["absent", "unreadable", "valid"]
 _VERDICT_FIELDS = {
@@ -33,19 +38,28 @@ class Sidecar:
     error: str | None = None
 
 
-def read_sidecar(result_dir: Path) -> Sidecar:
-    """Read ``result_dir``'s sidecar. A file that exists but cannot be trusted is
-    ``unreadable`` (with the reason), never absent and never healthy."""
+def read_sidecar(result_dir: Path | str, now: float | None = None) -> Sidecar:
+    """Read ``result_dir``'s sidecar. Anything at its path that cannot be trusted is
+    ``unreadable`` (with the reason), never absent and never healthy: a dangling or outside
+    link, a FIFO or other special file, more than MAX_SIDECAR_BYTES, JSON nested too deep or
+    holding a non-finite number (NaN and Infinity are not JSON), a schema mismatch, or a
+    ``tripped_at`` that is not a finite time or lies in the future (see ``recorded_time``)."""
     path = Path(result_dir) / SIDECAR_NAME
-    if not path.exists():
-        return Sidecar("absent", path)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return Sidecar("unreadable", path, error=f"cannot parse {path}: {error}")
-    problem = _schema_problem(document)
-    if problem:
-        return Sidecar("unreadable", path, error=f"{path}: {problem}")
+        os.lstat(path)  # a dangling link is something at the path, not nothing
+    except FileNotFoundError:
+        return Sidecar("absent", path)
+    except OSError as error:
+        return Sidecar("unreadable", path, error=f"{path}: {error.strerror or error}")
+    try:
+        document = parse_json(read_regular_file(Path(result_dir), path, MAX_SIDECAR_BYTES), finite_only=True)
+        problem = _schema_problem(document)
+        if problem:
+            raise Unreadable(problem)
+        now = time.time() if now is None else now
+        recorded_time(document["verdict"]["tripped_at"], now, "tripped_at")
+    except Unreadable as error:
+        return Sidecar("unreadable", path, error=f"{path}: {error}")
     return Sidecar("valid", path, trip=document["verdict"], final=document.get("final"))
 
 
@@ -53,7 +67,7 @@ def _schema_problem(document: Any) -> str | None:
     if not isinstance(document, dict):
         return "not a JSON object"
     version = document.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:  # true == 1 in Python, not here
         return f"schema_version {version!r} is not the supported {SCHEMA_VERSION}"
     verdict = document.get("verdict")
     if not isinstance(verdict, dict):

@@ -6,6 +6,7 @@ run the probe short-circuited is never ok, and carries the probe's evidence.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ def classify(
     task: str | None = None,
     metric: str | None = None,
     higher_is_better: bool = True,
+    now: float | None = None,
 ) -> dict[str, Any]:
     """The verdict on ``result_dir``, as plain JSON-serialisable data.
 
@@ -32,11 +34,17 @@ def classify(
     whether the probe cut it short); a tripped probe means below_floor with the
     pathology attached, whatever the score; no results file or no finite score means
     unavailable; a finite score under the floor means below_floor; else ok.
+
+    ``floor`` must be finite (ValueError otherwise: against NaN every score would read as
+    below the floor). ``now`` (default: the clock) is when recorded times must lie before.
     """
+    if finite_score(floor) is None:
+        raise ValueError(f"the floor must be a finite number, not {floor!r}")
     result_dir = Path(result_dir)
-    score = read_score(result_dir, task, metric)
+    now = time.time() if now is None else now
+    score = read_score(result_dir, task, metric, now)
     value = finite_score(score.raw) if score.reason is None else None
-    sidecar = read_sidecar(result_dir)
+    sidecar = read_sidecar(result_dir, now)
     verdict: dict[str, Any] = {
         "status": None,
         "reason": None,

@@ -1,0 +1,123 @@
+"""The results files in a result directory, each with the start time lm-eval recorded in it.
+
+Names only say which files are candidates; the order comes from inside them. lm-eval names
+a file by local time (``datetime.now()``), so names from runs in different time zones sort
+wrongly; inside, ``date`` is ``time.time()`` taken when ``simple_evaluate`` started, the
+same clock everywhere. (Its ``start_time``/``end_time`` are ``perf_counter`` readings, which
+mean nothing outside their process.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from probe.reader.documents import Unreadable, parse_json, recorded_time
+from probe.reader.files import list_directory, read_regular_file, resolve_inside
+
+MAX_RESULTS_BYTES = 64 * 2**20  # real results files are well under 1 MiB
+
+_TIME = r"\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d{6})?"  # datetime.isoformat(), ':' as '-'
+# lm-eval writes <output_path>/<model>/results_<time>.json, or <stem>_<time>.json next to an
+# --output_path that ends in .json. InferenceX's _stage_lm_eval_artifacts moves each of them
+# into its working directory as <name>_conc<N>.json, or <name>_conc<N>_<k>.json when taken.
+_NAME = re.compile(rf".+_{_TIME}(?:_conc(?P<concurrency>[1-9]\d*)(?:_[1-9]\d*)?)?\.json", re.ASCII)
+# When several files cannot be used, the reason names this many of them and counts the rest.
+_NAMED_PROBLEMS = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A file that lm-eval or InferenceX may have written as results, or a directory that may
+    hold some. Either ``reason`` says why it cannot be used, or ``started_at`` (lm-eval's
+    ``date``) and ``results`` (its ``results`` object) are set. ``concurrency`` is InferenceX's
+    ``_conc<N>`` from the name, None for lm-eval's own names."""
+
+    path: Path
+    concurrency: int | None = None
+    started_at: float | None = None
+    results: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Candidate]:
+    """Every candidate directly in ``result_dir`` or in one of its subdirectories (lm-eval's
+    model directories), in path order, each read in full or with the reason it cannot be.
+
+    Names that neither lm-eval nor InferenceX writes (``results_backup.json``,
+    ``meta_env.json``, ``samples_*.jsonl``) are not candidates. A subdirectory that cannot be
+    listed, or that is a link leading outside ``result_dir``, is listed with its reason: it
+    may hold the newest results. A file reached twice through links is listed once.
+    ``now`` (default: the clock) bounds the recorded times, see ``recorded_time``.
+    """
+    root = Path(result_dir)
+    now = time.time() if now is None else now
+    try:
+        entries = list_directory(root)
+    except Unreadable as error:
+        return [Candidate(root, reason=f"{root}: {error}")]
+    found: list[Candidate] = []
+    seen: set[str] = set()
+    for entry in entries:
+        try:
+            files = _files_in(root, entry)
+        except Unreadable as error:
+            found.append(Candidate(Path(entry.path), reason=f"{entry.path}: {error}"))
+            continue
+        for file in files:
+            real = os.path.realpath(file)
+            if real not in seen:
+                seen.add(real)
+                found.append(_read(root, file, now))
+    return found
+
+
+def newest(candidates: list[Candidate]) -> Candidate | None:
+    """The candidate with the latest recorded start, None when there is none.
+
+    When any candidate cannot be read, or two share the latest start, which one is the newest
+    cannot be told: the result is then a Candidate whose ``reason`` says so (never a guess).
+    """
+    problems = [c for c in candidates if c.reason is not None]
+    if problems:
+        named = "; ".join(c.reason or "" for c in problems[:_NAMED_PROBLEMS])
+        more = len(problems) - _NAMED_PROBLEMS
+        return replace(problems[0], reason=named + (f"; and {more} more" if more > 0 else ""))
+    if not candidates:
+        return None
+    latest = max(c.started_at for c in candidates if c.started_at is not None)
+    tied = [c for c in candidates if c.started_at == latest]
+    if len(tied) > 1:
+        paths = ", ".join(str(c.path) for c in tied)
+        return Candidate(tied[0].path, reason=f"{paths} record the same start time ('date' {latest!r}): "
+                         "which one is the newest cannot be told")  # fmt: skip
+    return tied[0]
+
+
+def _files_in(root: Path, entry: os.DirEntry[str]) -> list[Path]:
+    # The entry itself when it is a file with a candidate's name; a directory's candidates.
+    try:
+        is_directory = entry.is_dir()  # follows a link: a linked model directory counts
+    except OSError as error:
+        raise Unreadable(f"cannot be examined ({error.strerror or error})") from None
+    if not is_directory:
+        return [Path(entry.path)] if _NAME.fullmatch(entry.name) else []
+    resolve_inside(root, Path(entry.path))
+    return [Path(e.path) for e in list_directory(Path(entry.path)) if _NAME.fullmatch(e.name)]
+
+
+def _read(root: Path, path: Path, now: float) -> Candidate:
+    match = _NAME.fullmatch(path.name)
+    concurrency = int(match["concurrency"]) if match and match["concurrency"] else None
+    try:
+        document = parse_json(read_regular_file(root, path, MAX_RESULTS_BYTES))
+        if not isinstance(document, dict) or not isinstance(document.get("results"), dict):
+            raise Unreadable("no 'results' object")
+        started = recorded_time(document.get("date"), now, "date")
+    except Unreadable as error:
+        return Candidate(path, concurrency, reason=f"cannot read {path}: {error}")
+    return Candidate(path, concurrency, started, document["results"])

@@ -1,0 +1,95 @@
+"""Judging untrusted JSON from a result directory: its nesting, its numbers, its times (pure).
+
+Everything the reader reads was written by others (lm-eval, a pipeline, a person, an
+attacker), so each check here turns a bad document into :class:`Unreadable` with a reason
+that a user can act on, never into a crash or a plausible value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from numbers import Real
+from typing import Any
+
+# Deeper than anything lm-eval or the probe writes (a results file nests about 6 levels),
+# and far from Python's recursion limit, so that printing or walking a document that
+# passed is always safe.
+MAX_DEPTH = 64
+# How far in the future a recorded time may lie: clocks of two hosts differ a little; a
+# time beyond this was not recorded by a run that has already happened.
+MAX_CLOCK_SKEW_S = 300.0
+
+
+class Unreadable(Exception):
+    """A file or document that cannot be trusted; the message says why."""
+
+
+def parse_json(data: bytes, finite_only: bool = False) -> Any:
+    """``data`` decoded as UTF-8 JSON nested at most MAX_DEPTH levels deep.
+
+    With ``finite_only``, NaN, Infinity and numbers that overflow a float (``1e999``) are
+    refused too. Raises :class:`Unreadable`, and nothing else, for any bad input.
+    """
+    too_deep = f"nested more than {MAX_DEPTH} levels deep"
+    try:
+        text = data.decode("utf-8")
+        if finite_only:
+            document = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        else:
+            document = json.loads(text)
+    except RecursionError:
+        # Python's parser recurses once per level; a hostile file is far deeper than that.
+        raise Unreadable(too_deep) from None
+    except (UnicodeDecodeError, ValueError) as error:
+        # ValueError also covers an integer over Python's 4300-digit int() limit.
+        raise Unreadable(f"not valid JSON ({error})") from None
+    if _deeper_than(document, MAX_DEPTH):
+        raise Unreadable(too_deep)
+    return document
+
+
+def recorded_time(value: object, now: float, name: str) -> float:
+    """``value``, a time a run recorded (seconds since the epoch), as a float.
+
+    Raises :class:`Unreadable` when it is missing or not a number (booleans included), not
+    finite (NaN, +/-inf, an integer too large for a float), or later than ``now`` by more
+    than MAX_CLOCK_SKEW_S: a run cannot have recorded a time that has not come yet.
+    """
+    if value is None:
+        raise Unreadable(f"{name!r} is missing or null")
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise Unreadable(f"{name!r} is a {type(value).__name__}, not a time in seconds")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer beyond a float's range
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise Unreadable(f"{name!r} is not a finite time")
+    if seconds > now + MAX_CLOCK_SKEW_S:
+        raise Unreadable(f"{name!r} is in the future ({seconds - now:.0f} s ahead of this machine's clock)")
+    return seconds
+
+
+def _deeper_than(document: Any, limit: int) -> bool:
+    # Iterative, so that checking depth never recurses itself.
+    pending = [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            pending.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"non-finite number {text}")
+    return value

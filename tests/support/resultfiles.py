@@ -1,0 +1,40 @@
+"""Result directories as lm-eval, InferenceX and the probe leave them, for the reader's tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from probe.runtime import contract
+
+METRIC = "exact_match,strict-match"
+# lm-eval's `date`: time.time() when the evaluation started (a past instant by default).
+STARTED = 1_764_460_800.0
+NAME = "results_2026-11-30T01-00-00.000000.json"
+
+
+def write_results(directory: Path, value: object, name: str = NAME, subdir: str | None = "model", **extra) -> Path:
+    """A results file whose task gsm8k scores ``value``, under ``directory/subdir`` (lm-eval's model
+    directory; None for InferenceX's staged, flat layout). ``date`` defaults to STARTED."""
+    path = directory / subdir / name if subdir else directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"results": {"gsm8k": {"alias": "gsm8k", METRIC: value, "x_stderr": 0.1}}, "date": STARTED, **extra}
+    path.write_text(json.dumps(document))
+    return path
+
+
+def write_sidecar(directory: Path, tripped_at: float = 1.0, **changes) -> Path:
+    """A valid sidecar of a tripped probe, with the document's keys replaced by ``changes``."""
+    document = {
+        "schema_version": 1,
+        "verdict": {
+            "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
+            "finish_reasons": {"length": 16}, "max_tokens": [16384], "settings": {}, "tripped_at": tripped_at,
+            "seconds_since_first_request": 70.1, "model": "m", "base_url": "http://h/v1",
+        },
+        "final": {"short_circuited_requests": 1303, "cancelled_in_flight": 48},
+    }  # fmt: skip
+    document.update(changes)
+    path = directory / contract.SIDECAR_NAME
+    path.write_text(json.dumps(document))
+    return path
