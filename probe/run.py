@@ -12,22 +12,12 @@ import tempfile
 from pathlib import Path
 
 from probe.inject import sitecustomize_text
+from probe.lmeval_args import output_path_in
 from probe.reader.sidecar import read_sidecar
 from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS
 from probe.runtime.log import PREFIX
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def output_path_in(command: list[str]) -> str | None:
-    """The value of lm_eval's ``--output_path`` (or ``-o``) in ``command``, if any."""
-    for i, word in enumerate(command):
-        for flag in ("--output_path", "--output-path", "-o"):
-            if word == flag and i + 1 < len(command):
-                return command[i + 1]
-            if word.startswith(flag + "="):
-                return word.split("=", 1)[1]
-    return None
 
 
 def run(command: list[str], result_dir: str | None = None) -> int:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from support.procs import PYTHON
 
 from patcher.install import install
 from patcher.markers import SITECUSTOMIZE
+from probe import lmeval_args
 from probe.demo.localtask import offline_env
 from probe.inject import payload
-from probe.run import output_path_in
+from probe.lmeval_args import output_path_in
 from probe.runtime import contract
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
@@ -47,11 +50,61 @@ def test_install_appends_to_an_existing_sitecustomize_idempotently(tmp_path: Pat
     assert run.stdout.strip() == "True" and "user sitecustomize ran" in run.stderr
 
 
-def test_output_path_is_found_in_the_command() -> None:
-    assert output_path_in(["lm_eval", "--output_path", "/r"]) == "/r"
-    assert output_path_in(["lm_eval", "--output_path=/r"]) == "/r"
-    assert output_path_in(["lm_eval", "-o", "/r"]) == "/r"
-    assert output_path_in(["lm_eval", "--tasks", "x"]) is None
+# lm-eval's arguments after its entry point, and the --output_path lm-eval itself takes from them.
+SPELLINGS = [
+    (["--output_path", "/r"], "/r"),
+    (["--output_path=/r"], "/r"),
+    (["--output", "/r"], "/r"),  # argparse's prefix matching: unambiguous among lm-eval's options
+    (["--output_p=/r"], "/r"),
+    (["--out", "/r"], "/r"),
+    (["--o", "/r"], "/r"),
+    (["-o", "/r"], "/r"),
+    (["-o/r"], "/r"),
+    (["-o=/r"], "/r"),
+    (["-so/r"], "/r"),  # -s (--log_samples) takes no value: argparse reads on into -o
+    (["-o", "/a", "--tasks", "x", "--output", "/r"], "/r"),  # the last one wins
+    (["--log_samples", "--output_path", "/r", "--tasks", "x"], "/r"),
+    (["--tasks", "x"], None),
+    (["--output-path", "/r"], None),  # lm-eval has no dashed spelling: it refuses this word
+    (["--model_args", "output_path=/x"], None),
+]
+ENTRIES = [
+    [PYTHON, "-m", "lm_eval"], [PYTHON, "-u", "-mlm_eval"], ["lm_eval"], ["/usr/bin/lm-eval", "run"],
+    ["accelerate", "launch", "-m", "lm_eval"],
+]  # fmt: skip
+
+
+def real_output_path(arguments: list[str]) -> str | None:
+    """What the lm-eval installed here (0.4.9.2 or 0.4.13) takes as its output path."""
+    try:
+        from lm_eval._cli.harness import HarnessCLI
+
+        parser = HarnessCLI()._subparsers.choices["run"]
+    except ImportError:
+        from lm_eval.__main__ import setup_parser
+
+        parser = setup_parser()
+    try:
+        return parser.parse_known_args(arguments)[0].output_path
+    except SystemExit:  # lm-eval refuses the command line: it writes nowhere
+        return None
+
+
+@pytest.mark.parametrize(("arguments", "expected"), SPELLINGS)
+def test_output_path_is_read_the_way_lm_eval_reads_it(arguments: list[str], expected: str | None) -> None:
+    assert real_output_path(arguments) == expected
+    for entry in ENTRIES:
+        assert output_path_in([*entry, *arguments]) == expected, entry
+        assert output_path_in([*entry, *arguments], lmeval_args.FALLBACK) == expected, entry  # without lm-eval
+
+
+def test_the_fallback_table_is_lm_eval_0_4_13s_own() -> None:
+    derived = lmeval_args.options_from_lm_eval()
+    assert derived is not None
+    if importlib.metadata.version("lm_eval") == "0.4.13":
+        assert derived == lmeval_args.FALLBACK
+    else:  # another release: its table differs, but never in how it reads the output path
+        assert ("--output_path", "-o") in [strings for strings, _ in derived]
 
 
 def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.CompletedProcess:
@@ -66,7 +119,10 @@ def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.Comp
 def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> None:
     server = sim("never_stop")
     output = tmp_path / "out"
-    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16))
+    command = local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16)
+    where = command.index("--output_path")
+    command[where : where + 2] = [f"-o{output}"]  # a spelling lm-eval accepts, and so must we
+    run = eval_probe_run(tmp_path, *command)
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"sidecar and results go to {output}" in run.stderr
     assert "summary: TRIPPED (non_terminating): 16/16" in run.stderr
