@@ -25,11 +25,14 @@ PATCH = (
     (errors.NOT_CURRENT, "--check only: not patched, or patched with another version (run patch again)"),
     (errors.FILE_PROBLEM, "the path is missing, a directory, not UTF-8, or cannot be written"),
     (errors.NO_FUNCTION, "no _patch_lm_eval() function (or it never closes)"),
-    (errors.NO_ANCHOR, "no 'export PYTHONPATH=...' anchor (or no sitecustomize.py written) in it"),
+    (errors.NO_ANCHOR, "no 'export PYTHONPATH=...' command in it (one inside a here-document or a string does not "
+     "count), or no sitecustomize.py written"),
     (errors.AMBIGUOUS_ANCHOR, "more than one candidate anchor, or more than one _patch_lm_eval()"),
     (errors.BASH_SYNTAX, "the patched file would fail bash -n (nothing written)"),
     (errors.DAMAGED_BLOCK, "a damaged probe block, more than one block, or a body that contains the heredoc "
      "terminator"),
+    (errors.UNSURE_SHELL, "shell syntax the patcher does not follow safely (a here-document that never ends, "
+     "'case' inside $(...), ...): it refuses rather than guess"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
     (USAGE, "usage error"),
 )  # fmt: skip

@@ -181,3 +181,105 @@ def test_help_explains_exit_codes() -> None:
     run = eval_probe("patch", "--help")
     assert run.returncode == 0 and "6  more than one candidate anchor" in run.stdout
     assert eval_probe("patch").returncode == 64
+
+
+# A pipeline step that writes sitecustomize.py, then WRAPPED, then the end of _patch_lm_eval.
+FUNCTION = """_patch_lm_eval() {
+    local patch_dir
+    patch_dir="$(mktemp -d)"
+    cat > "$patch_dir/sitecustomize.py" <<'PY'
+PIPELINE_PATCHED = True
+PY
+%s
+}
+"""
+EXPORT = "    export PYTHONPATH=$patch_dir:$PYTHONPATH"
+# Each wraps the function's only export line in something that is not a command.
+WRAPPERS = {
+    "unquoted heredoc": f'    cat > "$patch_dir/env.sh" <<EOF\n{EXPORT}\nEOF',
+    "quoted heredoc": f"    cat > \"$patch_dir/env.sh\" <<'EOF'\n{EXPORT}\nEOF",
+    "double-quoted word": f'    cat > "$patch_dir/env.sh" <<"E"OF\n{EXPORT}\nEOF',
+    "tab-stripped heredoc": f'\tcat > "$patch_dir/env.sh" <<-EOF\n{EXPORT}\n\t\tEOF',
+    "second heredoc on a line": f"    cat <<A > \"$patch_dir/a\" 3<<'B'\na\nA\n{EXPORT}\nB",
+    "single quotes": f"    bash -c '\n{EXPORT}\n'",
+    "double quotes": f'    bash -c "\n{EXPORT}\n"',
+    "ansi-c quotes": f"    bash -c $'it\\'s\n{EXPORT}\n'",
+    "command substitution": f'    env_text="$(cat <<EOF\n{EXPORT}\nEOF\n)"',
+    "continued line": f"    true &&\n{EXPORT}",
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_an_export_that_is_not_a_command_is_never_the_anchor(tmp_path: Path, wrapper: str) -> None:
+    script = tmp_path / "benchmark_lib.sh"
+    text = FUNCTION % WRAPPERS[wrapper]
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    run = eval_probe("patch", str(script))
+    assert run.returncode == errors.NO_ANCHOR, run.stdout + run.stderr
+    assert "found none" in run.stderr and "left untouched" in run.stderr
+    assert script.read_text() == text
+
+
+# Every line below that looks like a function, an end, an anchor or a block marker is inside
+# a here-document, a string or a comment; the last export is the one real anchor.
+DECOYS = r"""
+    cat > "$patch_dir/notes.txt" <<EOF
+_patch_lm_eval() {
+}
+export PYTHONPATH=/decoy/unquoted:$HOME
+# >>> lm-eval-probe patch v0.0.0 body=0123456789abcdef >>>
+EOF
+	cat >> "$patch_dir/notes.txt" <<-'TABBED' <<"SECOND"
+	export PYTHONPATH=/decoy/tabbed
+	}
+	TABBED
+export PYTHONPATH=/decoy/second
+SECOND
+    echo 'don'"'"'t # not a comment' $'it\'s' "a # b" ${#patch_dir} $((1 << 2)) >> "$patch_dir/notes.txt"  # it's
+    read -r first_word <<< "here string"
+    multi='
+export PYTHONPATH=/decoy/single
+}
+'
+    export PYTHONPATH="${patch_dir}:${PYTHONPATH:-}"
+"""
+
+
+def test_heredocs_strings_and_comments_never_hold_the_block(tmp_path: Path) -> None:
+    script = tmp_path / "benchmark_lib.sh"
+    text = FUNCTION % DECOYS.strip("\n")
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    run = eval_probe("patch", str(script))
+    assert run.returncode == 0, run.stderr
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    # Source it and call the function, with real bash: the block runs as a command, its quoted
+    # heredoc appends the body verbatim (no backtick span of it runs), and the decoys stay data.
+    shell = f'source "{script}" && _patch_lm_eval && printf %s "$PYTHONPATH"'
+    called = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert called.returncode == 0 and called.stderr == ""
+    site = Path(called.stdout.split(":")[0])
+    assert (site / "sitecustomize.py").read_text() == "PIPELINE_PATCHED = True\n" + payload().appended
+    assert "/decoy/" not in called.stdout
+    assert "export PYTHONPATH=/decoy/second" in (site / "notes.txt").read_text()
+    assert eval_probe("patch", "--check", str(script)).returncode == 0
+    assert eval_probe("patch", "--unpatch", str(script)).returncode == 0 and script.read_text() == text
+
+
+@pytest.mark.parametrize(
+    "unsure",
+    [
+        "cat <<EOF\nnever ends\n",  # bash warns and reads to the end of the file
+        'x="$(case a in a) echo a;; esac)"\n',
+        "cat <<EOF \\\n  | tr a b\nEOF\n",
+    ],
+)
+def test_shell_the_patcher_cannot_follow_is_refused(tmp_path: Path, unsure: str) -> None:
+    script = tmp_path / "benchmark_lib.sh"
+    text = FUNCTION % '    export PYTHONPATH="${patch_dir}:${PYTHONPATH:-}"' + unsure
+    script.write_text(text)
+    run = eval_probe("patch", str(script))
+    assert run.returncode == errors.UNSURE_SHELL, run.stdout + run.stderr
+    assert "refusing rather than guessing" in run.stderr and "left untouched" in run.stderr
+    assert script.read_text() == text
