@@ -198,3 +198,18 @@ def test_body_command_prints_a_runnable_sitecustomize(tmp_path: Path) -> None:
         (site / "sitecustomize.py").write_text(printed.stdout)
         run = subprocess.run([PYTHON, "-c", CHECK], env=offline_env(site), capture_output=True, text=True)
         assert run.stdout.strip() == "True" and run.stderr == ""
+
+
+def test_install_through_a_symlinked_sitecustomize_keeps_the_link(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "sitecustomize.py").write_text(USER_SITE)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").symlink_to(real / "sitecustomize.py")
+    assert install(site, payload()).code == 0
+    assert (site / "sitecustomize.py").is_symlink()
+    assert (real / "sitecustomize.py").read_text().startswith(USER_SITE)
+    assert SITECUSTOMIZE.end_line in (real / "sitecustomize.py").read_text()
+    assert sorted(p.name for p in site.iterdir()) == ["sitecustomize.py"]
+    assert sorted(p.name for p in real.iterdir()) == ["sitecustomize.py"]
