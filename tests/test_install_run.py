@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import signal
 import subprocess
 import time
@@ -137,11 +138,72 @@ def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_
     assert "the probe did not trip: 0 of 40 generations observed ended at the cap" in run.stderr
 
 
-def test_run_passes_the_exit_code_through(tmp_path: Path) -> None:
+def test_run_passes_the_exit_code_through_and_removes_an_empty_results_directory(tmp_path: Path) -> None:
     run = eval_probe_run(tmp_path, PYTHON, "-c", "import sys, os; print(os.environ['RESULT_DIR']); sys.exit(3)")
     assert run.returncode == 3
-    assert Path(run.stdout.strip()).is_dir()  # no --output_path: a new directory, named
-    assert list((tmp_path / "scratch").iterdir()) == [Path(run.stdout.strip())]
+    assert Path(run.stdout.strip()).parent == tmp_path / "scratch"  # no --output_path: a new directory
+    assert list((tmp_path / "scratch").iterdir()) == []  # nothing was written there: it is gone
+
+
+def test_a_results_directory_that_holds_something_is_kept_and_named(tmp_path: Path) -> None:
+    write = "import os, pathlib; pathlib.Path(os.environ['RESULT_DIR'], 'note.txt').write_text('x')"
+    run = eval_probe_run(tmp_path, PYTHON, "-c", write)
+    assert run.returncode == 0
+    [kept] = list((tmp_path / "scratch").iterdir())
+    assert (kept / "note.txt").read_text() == "x" and f"results kept in {kept}" in run.stderr
+
+
+def test_a_command_that_cannot_start_leaves_nothing_behind(tmp_path: Path) -> None:
+    run = eval_probe_run(tmp_path, str(tmp_path / "no-such-command"))
+    assert run.returncode == 127 and "cannot start" in run.stderr
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def started_runner(tmp_path: Path, child: str) -> tuple[subprocess.Popen, int]:
+    """``eval-probe run`` of a Python child that prints its pid, then waits; returns both pids."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    runner = subprocess.Popen(
+        [PYTHON, "-m", "probe", "run", "--result-dir", str(tmp_path / "r"), "--", PYTHON, "-c", child],
+        env=offline_env(None, TMPDIR=str(scratch)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return runner, int(runner.stdout.readline())
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie nobody has reaped yet is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_the_command_dies_with_a_killed_runner(tmp_path: Path) -> None:
+    runner, child = started_runner(tmp_path, "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)")
+    try:
+        assert alive(child)
+        runner.kill()  # SIGKILL: no handler of the runner's can run
+        runner.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the command outlived eval-probe run"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_forwarded_sigterm_is_named_in_the_summary(tmp_path: Path) -> None:
+    # The child has loaded lm-eval's API models (so the probe is installed) when SIGTERM ends it.
+    child = "import os, time\nimport lm_eval.models.api_models\nprint(os.getpid(), flush=True)\ntime.sleep(120)"
+    runner, _ = started_runner(tmp_path, child)
+    runner.send_signal(signal.SIGTERM)
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + signal.SIGTERM
+    summary = next(line for line in err.splitlines() if line.startswith("[lm-eval-probe] summary:"))
+    assert "ended by signal 15 (SIGTERM)" in summary and "did not trip" not in summary
+    assert "no lm-eval API model ran" not in summary
 
 
 def test_run_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
