@@ -20,8 +20,7 @@ from patcher.errors import BASH_SYNTAX, UNSURE_SHELL, PatchError
 # Frames of the lexer's stack. CODE is the top level; SUBST is $( ), <( ), >( ).
 CODE, SUBST, DQ, SQ, ANSI, BACKTICK, PARAM, ARITH = "code", "$(", '"', "'", "$'", "`", "${", "(("
 _CODE_LIKE = (CODE, SUBST)
-_WORD_BREAK = frozenset(" \t\n;&|()<>")
-_HEREDOC_WORD_END = frozenset(" \t\n;&|()<>")
+_WORD_BREAK = frozenset(" \t\n;&|()<>")  # metacharacters: they end a word and may start the next
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ class _Scanner:
         while i < len(text) and text[i] in " \t":
             i += 1
         word, quoted = [], False
-        while i < len(text) and text[i] not in _HEREDOC_WORD_END:
+        while i < len(text) and text[i] not in _WORD_BREAK:
             char = text[i]
             if char in "'\"":
                 end = text.find(char, i + 1)
