@@ -10,6 +10,7 @@ NO_ANCHOR = 5
 AMBIGUOUS_ANCHOR = 6
 BASH_SYNTAX = 7
 DAMAGED_BLOCK = 8
+UNSURE_SHELL = 9  # shell syntax around the anchor that the patcher does not follow
 
 
 class PatchError(Exception):

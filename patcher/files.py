@@ -8,7 +8,7 @@ from pathlib import Path
 
 from patcher import benchlib
 from patcher.payload import Payload
-from patcher.safewrite import bash_syntax_error, locked, read_text, replace
+from patcher.safewrite import bash_syntax_error, locked, read_text, replace, target
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,13 @@ def _patched(text: str, payload: Payload) -> str:
 
 
 def patch_file(path: Path, payload: Payload, dry_run: bool = False) -> Outcome:
-    """Insert (or upgrade) the probe block in ``path``; idempotent."""
-    with locked(path):
-        text = read_text(path)
+    """Insert (or upgrade, or restore) the probe block in ``path``; idempotent.
+
+    A symlink is followed: its target is changed and the link is kept.
+    """
+    real = target(path)
+    with locked(real):
+        text = read_text(real)
         new = _patched(text, payload)
         if dry_run:
             return Outcome(
@@ -39,27 +43,35 @@ def patch_file(path: Path, payload: Payload, dry_run: bool = False) -> Outcome:
         if new == text:
             return Outcome(0, f"{path}: already patched with {payload.label}")
         before = benchlib.status(text)
-        replace(path, new, bash_syntax_error)
-    verb = f"upgraded from {before.version} (body {before.digest})" if before.patched else "patched"
-    return Outcome(0, f"{path}: {verb} to {payload.label}")
+        replace(real, new, bash_syntax_error)
+    if not before.patched:
+        return Outcome(0, f"{path}: patched to {payload.label}")
+    if before.digest == payload.digest:
+        return Outcome(0, f"{path}: block restored to {payload.label} (it had been edited by hand, or moved)")
+    return Outcome(0, f"{path}: upgraded from {before.version} (body {before.digest}) to {payload.label}")
 
 
 def unpatch_file(path: Path, dry_run: bool = False) -> Outcome:
-    """Remove the probe block from ``path``, restoring it byte for byte."""
-    with locked(path):
-        text = read_text(path)
+    """Remove the probe block from ``path`` (a symlink's target), restoring it byte for byte."""
+    real = target(path)
+    with locked(real):
+        text = read_text(real)
         new = benchlib.unpatch(text)
         if new == text:
             return Outcome(0, f"{path}: not patched; nothing to remove")
         if dry_run:
             return Outcome(0, _diff(path, text, new, "unpatched"))
-        replace(path, new, bash_syntax_error)
+        replace(real, new, bash_syntax_error)
     return Outcome(0, f"{path}: lm-eval-probe block removed")
 
 
 def check_file(path: Path, payload: Payload) -> Outcome:
-    """Exit 0 when ``path`` holds the current probe block, 1 otherwise."""
-    found = benchlib.status(read_text(path))
+    """Exit 0 when ``path`` holds exactly the block ``patch`` would write now, 1 otherwise.
+
+    The whole block is compared, not only its marker: a block edited by hand is not current.
+    """
+    text = read_text(target(path))
+    found = benchlib.status(text)
     if not found.patched:
         return Outcome(1, f"{path}: not patched (run: eval-probe patch {path})")
     if found.digest != payload.digest:
@@ -67,5 +79,11 @@ def check_file(path: Path, payload: Payload) -> Outcome:
             1,
             f"{path}: patched with lm-eval-probe {found.version} (body {found.digest}), but this is "
             f"{payload.label}; run: eval-probe patch {path}",
+        )
+    if _patched(text, payload) != text:
+        return Outcome(
+            1,
+            f"{path}: its lm-eval-probe block says {payload.label} but was edited by hand (or moved away from "
+            f"its anchor); run: eval-probe patch {path} to restore it",
         )
     return Outcome(0, f"{path}: patched with the current lm-eval-probe {found.version} (body {found.digest})")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from patcher.errors import FILE_PROBLEM, PatchError
 from patcher.files import Outcome
 from patcher.markers import SITECUSTOMIZE
 from patcher.payload import Payload
-from patcher.safewrite import locked, read_text, replace
+from patcher.safewrite import locked, read_text, replace, target
 
 
 def install(directory: Path, payload: Payload) -> Outcome:
@@ -17,23 +18,27 @@ def install(directory: Path, payload: Payload) -> Outcome:
     runs the sitecustomize.py it shadows further along sys.path, so installing the probe
     never silently disables someone else's start-up code.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / "sitecustomize.py"
-    with locked(target):
-        if not target.exists():
-            replace(target, payload.standalone)
-            return Outcome(0, f"{target}: written; add {directory} to PYTHONPATH to activate the probe")
-        text = read_text(target)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PatchError(FILE_PROBLEM, f"{directory}: cannot create the directory ({error.strerror})") from None
+    site = directory / "sitecustomize.py"
+    real = target(site, must_exist=False)  # a symlinked sitecustomize.py is changed at its target
+    with locked(real):
+        if not real.exists():
+            replace(real, payload.standalone)
+            return Outcome(0, f"{site}: written; add {directory} to PYTHONPATH to activate the probe")
+        text = read_text(real)
         lines = text.splitlines(keepends=True)
         found = SITECUSTOMIZE.find_one(lines)
         if found is None:
             separator = "" if not text or text.endswith("\n") else "\n"
-            replace(target, text + separator + payload.appended)
-            return Outcome(0, f"{target}: probe appended after the existing start-up code")
+            replace(real, text + separator + payload.appended)
+            return Outcome(0, f"{site}: probe appended after the existing start-up code")
         alone = "".join(lines[: found.start] + lines[found.end :]).strip() == ""
         block = payload.standalone if alone else payload.appended
         new = "".join(lines[: found.start]) + block + "".join(lines[found.end :])
         if new == text:
-            return Outcome(0, f"{target}: already holds this probe; nothing changed")
-        replace(target, new)
-        return Outcome(0, f"{target}: probe block upgraded from {found.version}")
+            return Outcome(0, f"{site}: already holds this probe; nothing changed")
+        replace(real, new)
+        return Outcome(0, f"{site}: probe block upgraded from {found.version}")

@@ -24,20 +24,24 @@ READ = (
 PATCH = (
     (0, "done; with --check: patched with the current probe"),
     (errors.NOT_CURRENT, "--check only: not patched, or patched with another version (run patch again)"),
-    (errors.FILE_PROBLEM, "the path is missing, a directory, not UTF-8, or cannot be written"),
+    (errors.FILE_PROBLEM, "the path (or the file a symlink points to) is missing, not a regular file, not UTF-8, or "
+     "cannot be written: a read-only directory, an owner that cannot be kept, a lock not obtained"),
     (errors.NO_FUNCTION, "no _patch_lm_eval() function (or it never closes)"),
-    (errors.NO_ANCHOR, "no 'export PYTHONPATH=...' anchor (or no sitecustomize.py written) in it"),
+    (errors.NO_ANCHOR, "no 'export PYTHONPATH=...' command in it (one inside a here-document or a string does not "
+     "count), or no sitecustomize.py written"),
     (errors.AMBIGUOUS_ANCHOR, "more than one candidate anchor, or more than one _patch_lm_eval()"),
     (errors.BASH_SYNTAX, "the patched file would fail bash -n (nothing written)"),
     (errors.DAMAGED_BLOCK, "a damaged probe block, more than one block, or a body that contains the heredoc "
      "terminator"),
+    (errors.UNSURE_SHELL, "shell syntax the patcher does not follow safely (a here-document that never ends, "
+     "'case' inside $(...), ...): it refuses rather than guess"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
     (USAGE, "usage error"),
 )  # fmt: skip
 
 INSTALL = (
     (0, "done (written, appended, upgraded or already current)"),
-    (errors.FILE_PROBLEM, "the directory or its sitecustomize.py cannot be read or written"),
+    (errors.FILE_PROBLEM, "the directory or its sitecustomize.py cannot be read or written (as for patch)"),
     (errors.DAMAGED_BLOCK, "a damaged probe block, or more than one, in the sitecustomize.py"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
     (USAGE, "usage error"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -9,25 +11,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from probe.inject import sitecustomize_text
+from probe.lmeval_args import output_path_in
 from probe.reader.sidecar import read_sidecar
 from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS
 from probe.runtime.log import PREFIX
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def output_path_in(command: list[str]) -> str | None:
-    """The value of lm_eval's ``--output_path`` (or ``-o``) in ``command``, if any."""
-    for i, word in enumerate(command):
-        for flag in ("--output_path", "--output-path", "-o"):
-            if word == flag and i + 1 < len(command):
-                return command[i + 1]
-            if word.startswith(flag + "="):
-                return word.split("=", 1)[1]
-    return None
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def run(command: list[str], result_dir: str | None = None) -> int:
@@ -35,11 +29,17 @@ def run(command: list[str], result_dir: str | None = None) -> int:
 
     The probe lives in a temporary sitecustomize.py directory put first on PYTHONPATH
     (it chains any sitecustomize.py it shadows) and removed in every case. Signals sent
-    to this process (Ctrl-C included) are passed on to the command.
+    to this process (Ctrl-C included) are passed on to the command, and on Linux the
+    command is killed when this process dies, even by SIGKILL. A results directory made
+    here (no ``--result-dir`` and no ``--output_path``) is removed when it stays empty or the
+    command never starts; otherwise the summary names it.
     """
     chosen = result_dir or output_path_in(command)
-    result = Path(chosen) if chosen else Path(tempfile.mkdtemp(prefix="eval-probe-results-"))
-    result = result.resolve()
+    made: Path | None = None
+    if chosen:
+        result = Path(chosen).resolve()
+    else:
+        made = result = Path(tempfile.mkdtemp(prefix="eval-probe-results-")).resolve()
     site = Path(tempfile.mkdtemp(prefix="eval-probe-site-"))
     report = site / "observed.json"
     try:
@@ -48,55 +48,98 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
         env[RESULT_DIR_VARS[0]] = str(result)
         env[ENV_REPORT] = str(report)
-        _say(f"probe active; sidecar and results go to {result}")
-        code = _run_forwarding_signals(command, env)
-        _say(summary(result, report))
-        return code
+        status = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}")
+        if status is None:
+            return 127
+        line = summary(result, report, -status if status < 0 else None)
+        if made is not None and any(made.iterdir()):
+            line += f"; results kept in {made}"
+        _say(line)
+        return 128 - status if status < 0 else status
     finally:
         shutil.rmtree(site, ignore_errors=True)
+        if made is not None:
+            with contextlib.suppress(OSError):
+                made.rmdir()  # only when empty: what the command wrote there stays
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this process dies (Linux's
+    PR_SET_PDEATHSIG); None where that is not available. Without it, a SIGKILLed ``eval-probe
+    run`` would leave lm-eval running, still sending requests to the server."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not after the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
+def _run_forwarding_signals(command: list[str], env: dict[str, str], started: str) -> int | None:
+    """Run ``command``; its exit status (negative: the signal that ended it), None if it could not start."""
     try:
         # Its own session: a terminal's Ctrl-C reaches it once, through us, not twice.
-        child = subprocess.Popen(command, env=env, start_new_session=True)
+        child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent())
     except OSError as error:
         _say(f"cannot start {command[0]!r}: {error.strerror}")
-        return 127
+        return None
+    _say(started)
     previous = {sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in _FORWARDED}
     try:
-        code = child.wait()
+        return child.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 - code if code < 0 else code
 
 
-def summary(result_dir: Path, report: Path) -> str:
-    """The summary line: what the sidecar's trip record says, or that the probe did not trip and
-    what it saw."""
+def summary(result_dir: Path, report: Path, ended_by: int | None = None) -> str:
+    """The summary line: what the sidecar's trip record says, else what the probe's report says,
+    else what is known; ``ended_by`` is the signal that ended the command, if one did."""
+    signalled = "" if ended_by is None else f"the command was ended by signal {ended_by} ({_signal_name(ended_by)})"
     sidecar = read_sidecar(result_dir)
     if sidecar.state == "unreadable":
-        return f"summary: the sidecar is unreadable ({sidecar.error})"
+        return f"summary: the sidecar is unreadable ({sidecar.error})" + (f"; {signalled}" if signalled else "")
     if sidecar.state == "valid":
         v = sidecar.trip
         cut = sidecar.final.get("short_circuited_requests") if sidecar.final else "?"
         return (
             f"summary: TRIPPED ({v['pathology']}): {v['pathological']}/{v['observations']} generations hit the "
             f"max_tokens cap {v['max_tokens']}; {cut} requests short-circuited. Sidecar: {sidecar.path}. "
-            f"Next: eval-probe read {result_dir}"
+            + (f"Then {signalled}. " if signalled else "")
+            + f"Next: eval-probe read {result_dir}"
         )
     try:
         observed = json.loads(report.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return "summary: the probe did not trip, and no lm-eval API model ran under it (nothing observed)"
+        if signalled:
+            # The probe reports when Python exits normally; a signal stops that, so nothing else is known.
+            return f"summary: {signalled}; no sidecar in {result_dir}, so the probe had not tripped by then"
+        return (
+            "summary: the probe did not trip and wrote no report: no lm-eval API model ran under it, or the "
+            "command did not exit through Python's normal shutdown"
+        )
     groups = observed.get("groups", [])
     seen = sum(g["observations"] for g in groups)
     bad = sum(g["pathological"] for g in groups)
     return (
         f"summary: the probe did not trip: {bad} of {seen} generations observed ended at the cap, "
-        f"in {len(groups)} group(s) of generation settings"
+        f"in {len(groups)} group(s) of generation settings" + (f"; then {signalled}" if signalled else "")
     )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def _say(message: str) -> None:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from support.procs import PYTHON
 
 from patcher.install import install
 from patcher.markers import SITECUSTOMIZE
+from probe import lmeval_args
 from probe.demo.localtask import offline_env
 from probe.inject import payload
-from probe.run import output_path_in
+from probe.lmeval_args import output_path_in
 from probe.runtime import contract
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
@@ -47,11 +51,67 @@ def test_install_appends_to_an_existing_sitecustomize_idempotently(tmp_path: Pat
     assert run.stdout.strip() == "True" and "user sitecustomize ran" in run.stderr
 
 
-def test_output_path_is_found_in_the_command() -> None:
-    assert output_path_in(["lm_eval", "--output_path", "/r"]) == "/r"
-    assert output_path_in(["lm_eval", "--output_path=/r"]) == "/r"
-    assert output_path_in(["lm_eval", "-o", "/r"]) == "/r"
-    assert output_path_in(["lm_eval", "--tasks", "x"]) is None
+# lm-eval's arguments after its entry point, and the --output_path lm-eval itself takes from them.
+SPELLINGS = [
+    (["--output_path", "/r"], "/r"),
+    (["--output_path=/r"], "/r"),
+    (["--output", "/r"], "/r"),  # argparse's prefix matching: unambiguous among lm-eval's options
+    (["--output_p=/r"], "/r"),
+    (["--out", "/r"], "/r"),
+    (["--o", "/r"], "/r"),
+    (["-o", "/r"], "/r"),
+    (["-o/r"], "/r"),
+    (["-o=/r"], "/r"),
+    (["-so/r"], "/r"),  # -s (--log_samples) takes no value: argparse reads on into -o
+    (["-o", "/a", "--tasks", "x", "--output", "/r"], "/r"),  # the last one wins
+    (["--log_samples", "--output_path", "/r", "--tasks", "x"], "/r"),
+    (["--tasks", "x"], None),
+    (["--output-path", "/r"], None),  # lm-eval has no dashed spelling: it refuses this word
+    (["--model_args", "output_path=/x"], None),
+]
+ENTRIES = [
+    [PYTHON, "-m", "lm_eval"], [PYTHON, "-u", "-mlm_eval"], ["lm_eval"], ["/usr/bin/lm-eval", "run"],
+    ["accelerate", "launch", "-m", "lm_eval"],
+]  # fmt: skip
+
+
+def real_output_path(arguments: list[str]) -> str | None:
+    """What the lm-eval installed here (0.4.9.2 or 0.4.13) takes as its output path."""
+    try:
+        from lm_eval._cli.harness import HarnessCLI
+
+        parser = HarnessCLI()._subparsers.choices["run"]
+    except ImportError:
+        from lm_eval.__main__ import setup_parser
+
+        parser = setup_parser()
+    try:
+        return parser.parse_known_args(arguments)[0].output_path
+    except SystemExit:  # lm-eval refuses the command line: it writes nowhere
+        return None
+
+
+@pytest.mark.parametrize(("arguments", "expected"), SPELLINGS)
+def test_output_path_is_read_the_way_lm_eval_reads_it(arguments: list[str], expected: str | None) -> None:
+    assert real_output_path(arguments) == expected
+    for entry in ENTRIES:
+        assert output_path_in([*entry, *arguments]) == expected, entry
+        assert output_path_in([*entry, *arguments], lmeval_args.FALLBACK) == expected, entry  # without lm-eval
+
+
+def test_the_fallback_table_is_lm_eval_0_4_13s_own() -> None:
+    derived = lmeval_args.options_from_lm_eval()
+    assert derived is not None
+    if importlib.metadata.version("lm_eval") == "0.4.13":
+        assert derived == lmeval_args.FALLBACK
+    else:  # another release: its table differs, but never in how it reads the output path
+        assert ("--output_path", "-o") in [strings for strings, _ in derived]
+
+
+def ours(scratch: Path) -> list[Path]:
+    """What eval-probe run made in the temporary directory ``scratch`` (lm-eval's own libraries,
+    torch's compile cache for one, may leave files of their own there: not ours to judge)."""
+    return sorted(p for p in scratch.iterdir() if p.name.startswith("eval-probe-"))
 
 
 def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.CompletedProcess:
@@ -66,12 +126,15 @@ def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.Comp
 def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> None:
     server = sim("never_stop")
     output = tmp_path / "out"
-    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16))
+    command = local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16)
+    where = command.index("--output_path")
+    command[where : where + 2] = [f"-o{output}"]  # a spelling lm-eval accepts, and so must we
+    run = eval_probe_run(tmp_path, *command)
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"sidecar and results go to {output}" in run.stderr
     assert "summary: TRIPPED (non_terminating): 16/16" in run.stderr
     assert (output / contract.SIDECAR_NAME).exists()
-    assert list((tmp_path / "scratch").iterdir()) == []  # the temporary site dir is gone
+    assert ours(tmp_path / "scratch") == []  # the temporary site dir is gone
 
 
 def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_path: Path) -> None:
@@ -81,11 +144,72 @@ def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_
     assert "the probe did not trip: 0 of 40 generations observed ended at the cap" in run.stderr
 
 
-def test_run_passes_the_exit_code_through(tmp_path: Path) -> None:
+def test_run_passes_the_exit_code_through_and_removes_an_empty_results_directory(tmp_path: Path) -> None:
     run = eval_probe_run(tmp_path, PYTHON, "-c", "import sys, os; print(os.environ['RESULT_DIR']); sys.exit(3)")
     assert run.returncode == 3
-    assert Path(run.stdout.strip()).is_dir()  # no --output_path: a new directory, named
-    assert list((tmp_path / "scratch").iterdir()) == [Path(run.stdout.strip())]
+    assert Path(run.stdout.strip()).parent == tmp_path / "scratch"  # no --output_path: a new directory
+    assert ours(tmp_path / "scratch") == []  # nothing was written there: it is gone
+
+
+def test_a_results_directory_that_holds_something_is_kept_and_named(tmp_path: Path) -> None:
+    write = "import os, pathlib; pathlib.Path(os.environ['RESULT_DIR'], 'note.txt').write_text('x')"
+    run = eval_probe_run(tmp_path, PYTHON, "-c", write)
+    assert run.returncode == 0
+    [kept] = ours(tmp_path / "scratch")
+    assert (kept / "note.txt").read_text() == "x" and f"results kept in {kept}" in run.stderr
+
+
+def test_a_command_that_cannot_start_leaves_nothing_behind(tmp_path: Path) -> None:
+    run = eval_probe_run(tmp_path, str(tmp_path / "no-such-command"))
+    assert run.returncode == 127 and "cannot start" in run.stderr
+    assert ours(tmp_path / "scratch") == []
+
+
+def started_runner(tmp_path: Path, child: str) -> tuple[subprocess.Popen, int]:
+    """``eval-probe run`` of a Python child that prints its pid, then waits; returns both pids."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    runner = subprocess.Popen(
+        [PYTHON, "-m", "probe", "run", "--result-dir", str(tmp_path / "r"), "--", PYTHON, "-c", child],
+        env=offline_env(None, TMPDIR=str(scratch)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return runner, int(runner.stdout.readline())
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie nobody has reaped yet is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_the_command_dies_with_a_killed_runner(tmp_path: Path) -> None:
+    runner, child = started_runner(tmp_path, "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)")
+    try:
+        assert alive(child)
+        runner.kill()  # SIGKILL: no handler of the runner's can run
+        runner.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the command outlived eval-probe run"
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_forwarded_sigterm_is_named_in_the_summary(tmp_path: Path) -> None:
+    # The child has loaded lm-eval's API models (so the probe is installed) when SIGTERM ends it.
+    child = "import os, time\nimport lm_eval.models.api_models\nprint(os.getpid(), flush=True)\ntime.sleep(120)"
+    runner, _ = started_runner(tmp_path, child)
+    runner.send_signal(signal.SIGTERM)
+    _, err = runner.communicate(timeout=60)
+    assert runner.returncode == 128 + signal.SIGTERM
+    summary = next(line for line in err.splitlines() if line.startswith("[lm-eval-probe] summary:"))
+    assert "ended by signal 15 (SIGTERM)" in summary and "did not trip" not in summary
+    assert "no lm-eval API model ran" not in summary
 
 
 def test_run_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
@@ -110,7 +234,7 @@ def test_ctrl_c_reaches_the_child(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert "child got Ctrl-C" in out and proc.returncode == 130
-    assert list(scratch.iterdir()) == []
+    assert ours(scratch) == []
 
 
 def test_report_knob_lists_every_group(tmp_path: Path, sim) -> None:
@@ -142,3 +266,18 @@ def test_body_command_prints_a_runnable_sitecustomize(tmp_path: Path) -> None:
         (site / "sitecustomize.py").write_text(printed.stdout)
         run = subprocess.run([PYTHON, "-c", CHECK], env=offline_env(site), capture_output=True, text=True)
         assert run.stdout.strip() == "True" and run.stderr == ""
+
+
+def test_install_through_a_symlinked_sitecustomize_keeps_the_link(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "sitecustomize.py").write_text(USER_SITE)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").symlink_to(real / "sitecustomize.py")
+    assert install(site, payload()).code == 0
+    assert (site / "sitecustomize.py").is_symlink()
+    assert (real / "sitecustomize.py").read_text().startswith(USER_SITE)
+    assert SITECUSTOMIZE.end_line in (real / "sitecustomize.py").read_text()
+    assert sorted(p.name for p in site.iterdir()) == ["sitecustomize.py"]
+    assert sorted(p.name for p in real.iterdir()) == ["sitecustomize.py"]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
+
+import pytest
 
 from patcher.install import install
 from probe.inject import payload
@@ -26,3 +30,14 @@ def probe_site(directory: Path) -> Path:
     outcome = install(directory, payload())
     assert outcome.code == 0, outcome.message
     return directory
+
+
+def unprivileged() -> list[str]:
+    """A command prefix that runs a child without root's capabilities (same uid), so that
+    permission checks apply to it for real; empty when this process is not root."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: cannot drop capabilities to test permissions")
+    return [setpriv, "--bounding-set", "-all", "--inh-caps", "-all", "--"]
