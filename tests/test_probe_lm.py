@@ -313,7 +313,7 @@ def test_an_internal_error_is_contained_and_reported_once(sim, probed, result_di
     def broken(response, max_tokens):
         raise RuntimeError("probe bug")
 
-    monkeypatch.setattr(state, "classify_response", broken)
+    monkeypatch.setattr(state, "describe_choices", broken)
     server = sim("healthy")
     assert generate(completions(server.base_url), 20) == [f" {3 * i + 1}" for i in range(20)]
     err = capsys.readouterr().err

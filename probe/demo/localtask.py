@@ -15,13 +15,18 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 TASK = "probe_arith"
+# A second task, for runs of several tasks: other words and other stop sequences, so lm-eval
+# puts its requests in a group of their own. Its prompts carry COUNT_MARKER, which the
+# simulated server's ``loop_marker`` can single out.
+SECOND_TASK = "probe_count"
+COUNT_MARKER = "Count:"
 # Variables of the caller's shell that must not leak into a run: the probe's knobs, where
 # its sidecar goes, and any PYTHONPATH (which could carry another sitecustomize.py).
 _NOT_INHERITED = ("PYTHONPATH", "RESULT_DIR", "EVAL_RESULT_DIR")
 # lm-eval 0.4.9.x's CLI logs each task's YAML path relative to its own tasks folder, and
 # fails for a task whose name it does not know (measured on 0.4.9.2; 0.4.13 is fixed).
 # There the task borrows a built-in name, exactly as InferenceX's gsm8k.yaml does.
-BORROWED_NAME = "gsm8k"
+BORROWED_NAMES = {TASK: "gsm8k", SECOND_TASK: "gsm8k_cot"}
 METRIC = "exact_match,strict-match"
 
 _YAML = """task: {task}
@@ -33,10 +38,10 @@ test_split: test
 fewshot_split: test
 num_fewshot: 0
 output_type: generate_until
-doc_to_text: "Question: What is {{{{a}}}} + {{{{b}}}}?\\nAnswer:"
+doc_to_text: "{lead} What is {{{{a}}}} + {{{{b}}}}?\\nAnswer:"
 doc_to_target: "{{{{answer}}}}"
 generation_kwargs:
-  until: ["\\n\\n", "Question:"]
+  until: {until}
   max_gen_toks: 64
   temperature: 0
 metric_list:
@@ -70,8 +75,10 @@ class LocalTask:
         concurrency: int,
         *extra: str,
         model_args: str = "",
+        also: tuple[LocalTask, ...] = (),
     ) -> list[str]:
-        """``python -m lm_eval`` on this task against the completions endpoint at ``base_url``.
+        """``python -m lm_eval`` on this task (and the tasks in ``also``, in the same run)
+        against the completions endpoint at ``base_url``.
 
         ``model_args`` adds to lm-eval's ``--model_args``; ``extra`` goes at the end.
         """
@@ -81,31 +88,39 @@ class LocalTask:
         )
         return [
             sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", arguments,
-            "--tasks", str(self.yaml), "--output_path", str(output), "--gen_kwargs", f"max_tokens={max_tokens}",
+            "--tasks", ",".join(str(t.yaml) for t in (self, *also)), "--output_path", str(output),
+            "--gen_kwargs", f"max_tokens={max_tokens}",
             *extra,
         ]  # fmt: skip
 
 
-def task_name() -> str:
-    """The task's name for the installed lm-eval (see BORROWED_NAME)."""
+_STYLES = {
+    TASK: ("Question:", '["\\n\\n", "Question:"]'),
+    SECOND_TASK: (COUNT_MARKER, '["\\n\\n"]'),
+}
+
+
+def task_name(task: str = TASK) -> str:
+    """The task's name for the installed lm-eval (see BORROWED_NAMES)."""
     try:
         release = tuple(int(part) for part in version("lm_eval").split(".")[:3])
     except (PackageNotFoundError, ValueError):
-        return TASK
-    return BORROWED_NAME if release < (0, 4, 10) else TASK
+        return task
+    return BORROWED_NAMES[task] if release < (0, 4, 10) else task
 
 
-def write_task(directory: Path, n_docs: int = 32) -> LocalTask:
-    """Write ``n_docs`` questions and the task YAML into ``directory``."""
+def write_task(directory: Path, n_docs: int = 32, task: str = TASK) -> LocalTask:
+    """Write ``n_docs`` questions and the YAML of ``task`` (TASK or SECOND_TASK) into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    data = directory / f"{TASK}.jsonl"
+    data = directory / f"{task}.jsonl"
     with data.open("w", encoding="utf-8") as handle:
         for i in range(n_docs):
             a, b = 3 * i + 1, 7 * i + 2
             handle.write(json.dumps({"a": a, "b": b, "answer": str(a + b)}) + "\n")
-    name = task_name()
-    yaml = directory / f"{TASK}.yaml"
-    yaml.write_text(_YAML.format(task=name, data=data.resolve()), encoding="utf-8")
+    name = task_name(task)
+    lead, until = _STYLES[task]
+    yaml = directory / f"{task}.yaml"
+    yaml.write_text(_YAML.format(task=name, data=data.resolve(), lead=lead, until=until), encoding="utf-8")
     return LocalTask(yaml.resolve(), name)
 
 

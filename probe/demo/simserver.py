@@ -7,7 +7,14 @@ behaves like a chosen kind of model:
 - ``healthy``: answers the last ``a + b`` in the prompt in a few tokens (``stop``);
 - ``mixed``: a chosen fraction of prompts (picked by a hash of the prompt) runs to the cap;
 - ``repetition``: vLLM's repetition detector ends every generation (``repetition``);
+- ``window``: every generation hits the context window (``length`` below ``max_tokens``);
+- ``reasoning``: every generation spends the budget reasoning (``length``; chat content
+  null, ``reasoning_content`` set; completions text empty);
+- ``empty``: the model stops at once with nothing to say (``stop``, empty or null content);
 - ``malformed``: well-formed HTTP, nonsense JSON bodies.
+
+``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
+broken, against one server).
 
 A token clock (seconds per generated token) makes generations take time; when a client
 drops a request, the tokens generated so far are counted and the request is counted
@@ -26,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-MODES = ("never_stop", "healthy", "mixed", "repetition", "malformed")
+MODES = ("never_stop", "healthy", "mixed", "repetition", "window", "reasoning", "empty", "malformed")
 _SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
 
 
@@ -82,6 +89,7 @@ class SimServer:
         port: int = 0,
         malformed_body: Any = None,
         jitter: float = 0.0,
+        loop_marker: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -91,6 +99,7 @@ class SimServer:
         self.malformed_body = malformed_body if malformed_body is not None else {"choices": "nonsense"}
         self.port = port
         self.jitter = jitter
+        self.loop_marker = loop_marker
         self.stats = Stats()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -186,16 +195,34 @@ class SimServer:
         await self._generate(longest * stretch, sum(tokens for _, tokens, _ in plans))
         choices = []
         for index, (text, _tokens, reason) in enumerate(plans):
-            content = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-            choices.append({"index": index, "finish_reason": reason, **content})
+            choices.append({"index": index, "finish_reason": reason, **self._body(text, chat)})
         usage = {"completion_tokens": sum(t for _, t, _ in plans), "prompt_tokens": 1}
         kind = "chat.completion" if chat else "text_completion"
         return web.json_response(
             {"id": "sim", "object": kind, "model": payload.get("model"), "choices": choices, "usage": usage}
         )
 
+    def at_cap(self, prompt: str) -> bool:
+        """Whether this server runs ``prompt`` to the cap (in mixed mode, by its hash)."""
+        return self.mode == "mixed" and _at_cap(prompt, self.cap_fraction)
+
+    def _body(self, text: str, chat: bool) -> dict[str, Any]:
+        """A choice's text (completions) or message (chat), as each mode's server sends it."""
+        if not chat:
+            return {"text": "" if self.mode == "reasoning" else text}
+        if self.mode == "reasoning" and text:
+            return {"message": {"role": "assistant", "content": None, "reasoning_content": text}}
+        return {"message": {"role": "assistant", "content": text or None}}
+
     def _plan(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
         """(text, tokens, finish_reason) for one prompt; one token is one short word."""
+        if self.loop_marker is not None and self.loop_marker in prompt:
+            return " and" * max_tokens, max_tokens, "length"
+        if self.mode == "window":
+            tokens = max(1, max_tokens // 2)
+            return " and" * tokens, tokens, "length"
+        if self.mode == "empty":
+            return "", 1, "stop"
         if self.mode == "healthy" or (self.mode == "mixed" and not _at_cap(prompt, self.cap_fraction)):
             answer = healthy_answer(prompt)
             return answer, min(max_tokens, len(answer.split()) + 1), "stop"

@@ -43,14 +43,20 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
     if signature is None:
         signature = _SIGNATURES[original] = inspect.signature(original)
     bound = signature.bind_partial(lm, *args, **kwargs).arguments
-    if not bound.get("generate", kwargs.get("generate", True)):
-        return None  # loglikelihood: emits no tokens, never short-circuited
     extra = bound.get("kwargs", {})
-    gen_kwargs = bound.get("gen_kwargs", extra.get("gen_kwargs")) or {}
     messages = bound.get("messages", extra.get("messages"))
+    if not bound.get("generate", kwargs.get("generate", True)):
+        # Loglikelihood: emits no tokens, so it is counted, never analysed nor short-circuited.
+        probe.count_loglikelihood(len(messages) if isinstance(messages, list) else 1)
+        return None
+    gen_kwargs = bound.get("gen_kwargs", extra.get("gen_kwargs")) or {}
     if messages is None:
         return None
-    return probe.request(lm, gen_kwargs, len(messages), _max_tokens(lm, gen_kwargs))
+    # The async path's cache keys hold each prompt as the task gave it (messages may be
+    # token ids); the sync path passes the prompts themselves.
+    keys = bound.get("cache_keys", extra.get("cache_keys"))
+    prompts = [key[0] for key in keys] if isinstance(keys, list) and len(keys) == len(messages) else list(messages)
+    return probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs))
 
 
 def _begin(
@@ -117,9 +123,7 @@ async def _run_async(
         finally:
             group.inflight.discard(inner)
         if request.cancelled_by_probe and (inner.cancelled() or inner.exception() is not None):
-            with probe.groups.lock:
-                group.cancelled += 1
-            return probe.blanks(request)
+            return probe.blanks(request, cancelled=True)
         return inner.result()
     finally:
         if gate is not None:
@@ -212,11 +216,25 @@ def observe_parser(cls: type) -> bool:
     return True
 
 
+def _registering_generate_until(original: Callable) -> Callable:
+    def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        probe = state.ACTIVE
+        if probe is not None:
+            try:
+                probe.register(requests)
+            except Exception as error:
+                probe.errors.report("generate_until", error)
+        return original(self, requests, *args, **kwargs)
+
+    return mark(generate_until, original)
+
+
 def is_installed(api_models: Any) -> bool:
     return is_ours(api_models.TemplateAPI.__dict__.get("amodel_call"))
 
 
 def install_api(api_models: Any) -> None:
-    """Patch ``TemplateAPI``'s two request paths (idempotent)."""
+    """Patch ``TemplateAPI``'s two request paths, and learn each prompt's task (idempotent)."""
+    wrap(api_models.TemplateAPI, "generate_until", _registering_generate_until)
     wrap(api_models.TemplateAPI, "amodel_call", _probed_amodel_call)
     wrap(api_models.TemplateAPI, "model_call", _probed_model_call)

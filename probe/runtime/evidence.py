@@ -16,44 +16,143 @@ USAGE_AT_CAP = "usage_at_cap"
 USAGE_BELOW_CAP = "usage_below_cap"
 
 
-def classify_response(response: Any, max_tokens: int) -> list[str]:
-    """One label per well-formed choice of an OpenAI-style response; [] if none is.
+# Why a generation ended without the model choosing to stop (kept apart in the evidence).
+OUTPUT_CAP = "output_cap"  # `length` with completion_tokens >= max_tokens
+CONTEXT_WINDOW = "context_window"  # `length` with fewer tokens: vLLM's max_model_len
+LENGTH = "length"  # `length` where the token count cannot be told (several prompts per request)
+REPETITION = "repetition"  # vLLM's repetition detector
+REASONING = "reasoning"  # at a cap with an empty answer while reasoning text is present
+CAUSES = (OUTPUT_CAP, CONTEXT_WINDOW, LENGTH, REPETITION, REASONING)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What one generation of a response says: its label, why it was cut off (None when
+    the model chose to stop), and whether its answer was empty."""
+
+    index: int
+    label: str
+    cause: str | None
+    empty: bool
+
+
+def describe_choices(response: Any, max_tokens: int) -> list[Choice]:
+    """One Choice per well-formed choice of an OpenAI-style response; [] if none is.
 
     A label is the choice's ``finish_reason`` when it is a string; when it is absent,
     ``usage.completion_tokens`` decides between ``usage_at_cap`` and ``usage_below_cap``
-    (shared evenly among the choices). Anything malformed yields no label.
+    (shared evenly among the choices). Anything malformed yields no Choice.
     """
     if not isinstance(response, Mapping):
         return []
     choices = response.get("choices")
     if not isinstance(choices, list) or not choices:
         return []
-    labels: list[str] = []
-    for choice in choices:
+    tokens = _completion_tokens(response.get("usage"))
+    found: list[Choice] = []
+    for position, choice in enumerate(choices):
         if not isinstance(choice, Mapping):
             continue
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
-            labels.append(reason)
-        elif reason is None:
-            label = _usage_label(response.get("usage"), max_tokens, len(choices))
-            if label:
-                labels.append(label)
-    return labels
+            label = reason
+        elif reason is None and tokens is not None:
+            label = USAGE_AT_CAP if tokens >= max_tokens * len(choices) else USAGE_BELOW_CAP
+        else:
+            continue
+        index = choice.get("index")
+        index = index if isinstance(index, int) and not isinstance(index, bool) else position
+        own_tokens = tokens if len(choices) == 1 else None
+        answer, reasoning = _texts(choice)
+        cause = _cause(label, own_tokens, max_tokens, answer, reasoning)
+        found.append(Choice(index, label, cause, not answer))
+    return found
 
 
-def _usage_label(usage: Any, max_tokens: int, n_choices: int) -> str | None:
+def classify_response(response: Any, max_tokens: int) -> list[str]:
+    """One label per well-formed choice of an OpenAI-style response (see describe_choices)."""
+    return [choice.label for choice in describe_choices(response, max_tokens)]
+
+
+def _completion_tokens(usage: Any) -> int | None:
     if not isinstance(usage, Mapping):
         return None
     tokens = usage.get("completion_tokens")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         return None
-    return USAGE_AT_CAP if tokens >= max_tokens * n_choices else USAGE_BELOW_CAP
+    return tokens
+
+
+def _texts(choice: Mapping[str, Any]) -> tuple[str, str]:
+    """(the answer text, the reasoning text) of a completions or chat choice."""
+    message = choice.get("message")
+    if isinstance(message, Mapping):
+        answer = message.get("content")
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+    else:
+        answer, reasoning = choice.get("text"), None
+    return (answer if isinstance(answer, str) else ""), (reasoning if isinstance(reasoning, str) else "")
+
+
+def _cause(label: str, tokens: int | None, max_tokens: int, answer: str, reasoning: str) -> str | None:
+    if label == REPETITION:
+        return REPETITION
+    if label not in ("length", USAGE_AT_CAP):
+        return None
+    if not answer.strip() and reasoning.strip():
+        return REASONING
+    if label == USAGE_AT_CAP:
+        return OUTPUT_CAP
+    if tokens is None:
+        return LENGTH
+    return OUTPUT_CAP if tokens >= max_tokens else CONTEXT_WINDOW
 
 
 def is_pathological(label: str) -> bool:
     """True for a generation that ended without the model choosing to stop."""
     return label in PATHOLOGICAL_REASONS or label == USAGE_AT_CAP
+
+
+@dataclass
+class TaskEvidence:
+    """What one task asked for and got: every generate request counts, whatever its budget."""
+
+    requested: int = 0  # generations lm-eval asked for
+    observed: int = 0  # generations whose ending the probe saw
+    reasons: Counter = field(default_factory=Counter)
+    causes: Counter = field(default_factory=Counter)
+    empty_answers: int = 0
+    short_circuited: int = 0  # answered blank by the probe, never sent
+    cancelled: int = 0  # cancelled in flight by the probe, answered blank
+    below_min_max_tokens: int = 0  # observed, but under the budget that counts for the rule
+    max_tokens: set = field(default_factory=set)
+    groups: set = field(default_factory=set)
+
+    def add(self, choice: Choice, max_tokens: int, counts_for_rule: bool) -> None:
+        self.observed += 1
+        self.reasons[choice.label] += 1
+        if choice.cause:
+            self.causes[choice.cause] += 1
+        self.empty_answers += choice.empty
+        self.below_min_max_tokens += not counts_for_rule
+        self.max_tokens.add(max_tokens)
+
+    def as_dict(self, tripped: bool) -> dict[str, Any]:
+        cut_off = sum(self.causes.values())
+        return {
+            "generate_requests": self.requested,
+            "observations": self.observed,
+            "finish_reasons": dict(sorted(self.reasons.items())),
+            "cut_off": cut_off,
+            "cut_off_rate": round(cut_off / self.observed, 6) if self.observed else None,
+            "causes": {cause: self.causes.get(cause, 0) for cause in CAUSES},
+            "empty_answers": self.empty_answers,
+            "short_circuited": self.short_circuited,
+            "cancelled_in_flight": self.cancelled,
+            "below_min_max_tokens": self.below_min_max_tokens,
+            "max_tokens": sorted(self.max_tokens),
+            "tripped": tripped,
+        }
 
 
 @dataclass

@@ -27,9 +27,10 @@ class Group:
     cancelled: int = 0
     inflight: InFlight = field(default_factory=InFlight)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, tasks: set[str]) -> dict[str, Any]:
         return {
             "gen_kwargs": self.gen_kwargs,
+            "tasks": sorted(tasks),
             **self.tally.as_dict(),
             "tripped": self.tripped,
             "short_circuited_requests": self.short_circuited,
@@ -43,11 +44,18 @@ class Request:
 
     group: Group
     lm: Any
-    n_answers: int
+    tasks: list[str | None]  # one per prompt, in order
     max_tokens: int
     is_evidence: bool
     observed: bool = False
     cancelled_by_probe: bool = False
+
+    @property
+    def n_answers(self) -> int:
+        return len(self.tasks)
+
+    def task_of_choice(self, index: int) -> str | None:
+        return self.tasks[index] if 0 <= index < len(self.tasks) else None
 
 
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:

@@ -18,6 +18,7 @@ from probe.runtime.caches import guard_caches
 from probe.runtime.contract import ENV_REPORT, read_settings
 from probe.runtime.log import say
 from probe.runtime.patching import restore_all
+from probe.runtime.results import carry_evidence
 from probe.runtime.sidecar import write_json_atomic
 from probe.runtime.versions import lm_eval_version, untested_warning
 
@@ -33,6 +34,7 @@ def install(api_models: Any = None) -> bool:
         if api_models is None:
             import lm_eval.models.api_models as api_models
         from lm_eval.api import model as api_model
+        from lm_eval.loggers import evaluation_tracker
 
         if is_installed(api_models):
             return True
@@ -44,6 +46,7 @@ def install(api_models: Any = None) -> bool:
             atexit.register(_finalise_at_exit)
         install_api(api_models)
         guard_caches(api_model)
+        carry_evidence(evaluation_tracker)
         return True
     except Exception as error:
         say(f"could not install ({error!r}); lm-eval runs unprobed")
@@ -101,6 +104,6 @@ def _finalise_at_exit() -> None:
     report = os.environ.get(ENV_REPORT)
     if report:
         try:
-            write_json_atomic(report, probe.report_document())
+            write_json_atomic(report, probe.evidence_document())
         except Exception as error:
             say(f"could not write the observation report {report}: {error!r}")

@@ -12,13 +12,21 @@ import time
 from typing import Any
 
 from probe.runtime.answers import blanks
-from probe.runtime.contract import PROBE_VERSION, Settings, run_id, settings_fingerprint, sidecar_path
-from probe.runtime.evidence import classify_response
+from probe.runtime.contract import (
+    PROBE_VERSION,
+    SCHEMA_VERSION,
+    Settings,
+    run_id,
+    settings_fingerprint,
+    sidecar_path,
+)
+from probe.runtime.evidence import describe_choices
 from probe.runtime.gate import Gates
-from probe.runtime.groups import Group, Groups, Request
+from probe.runtime.groups import Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
 from probe.runtime.ownership import SidecarOwnership
 from probe.runtime.sidecar import trip_document
+from probe.runtime.tasks import TaskBook
 from probe.runtime.versions import lm_eval_version
 
 
@@ -29,20 +37,44 @@ class Probe:
         self.settings = settings
         self.run_id = run_id()
         self.groups = Groups()
+        self.tasks = TaskBook()
+        self.loglikelihood_requests = 0
         self.ownership = SidecarOwnership(self.run_id)
         self.errors = ErrorReports()
         self.gates = Gates()
 
-    def request(self, lm: Any, gen_kwargs: Any, n_answers: int, max_tokens: int | None) -> Request:
-        """Register one generate request of ``n_answers`` prompts."""
-        group = self.groups.get(gen_kwargs)
-        is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
-        return Request(group, lm, n_answers, max_tokens or 0, is_evidence)
+    def register(self, requests: Any) -> None:
+        """Note the task of every generate request lm-eval hands the model (its Instances)."""
+        entries = []
+        for instance in requests:
+            args = getattr(instance, "args", ())
+            gen_kwargs = args[1] if len(args) > 1 else {}
+            entries.append((args[0] if args else None, group_key(gen_kwargs)[0], getattr(instance, "task_name", None)))
+        with self.groups.lock:
+            self.tasks.register(entries)
 
-    def blanks(self, request: Request) -> list[str]:
-        """The made-up answers of a short-circuited request (and count it)."""
+    def request(self, lm: Any, gen_kwargs: Any, prompts: list[Any], max_tokens: int | None) -> Request:
+        """One generate request for ``prompts`` (as lm-eval passes them), in its group."""
+        group = self.groups.get(gen_kwargs)
+        with self.groups.lock:
+            tasks = [self.tasks.task_of(prompt, group.key) for prompt in prompts]
+        is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
+        return Request(group, lm, tasks, max_tokens or 0, is_evidence)
+
+    def count_loglikelihood(self, n: int) -> None:
+        with self.groups.lock:
+            self.loglikelihood_requests += n
+
+    def blanks(self, request: Request, cancelled: bool = False) -> list[str]:
+        """The made-up answers of a short-circuited request (``cancelled`` in flight, or
+        never sent), counted in its group and its tasks."""
         with self.groups.lock:
             request.group.short_circuited += 1
+            request.group.cancelled += cancelled
+            for task in request.tasks:
+                evidence = self.tasks.of(task)
+                evidence.short_circuited += 1
+                evidence.cancelled += cancelled
         return blanks(request.n_answers)
 
     def observe(self, request: Request, response: Any) -> None:
@@ -53,20 +85,26 @@ class Probe:
             self.errors.report("observe", error)
 
     def _record(self, request: Request, response: Any) -> None:
-        if request.observed or not request.is_evidence:
+        if request.observed:
             return
         request.observed = True
-        labels = classify_response(response, request.max_tokens)
+        choices = describe_choices(response, request.max_tokens)
         group = request.group
         with self.groups.lock:
-            group.tally.add(labels, request.max_tokens)
+            for choice in choices:
+                task = request.task_of_choice(choice.index)
+                self.tasks.of(task).add(choice, request.max_tokens, request.is_evidence)
+            if not request.is_evidence:
+                return
+            group.tally.add([choice.label for choice in choices], request.max_tokens)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
                 self._trip(group, request.lm)
 
     def _trip(self, group: Group, lm: Any) -> None:
         path = os.path.abspath(sidecar_path())
         document = trip_document(
-            self.run_id, group.tally.as_dict(), group.gen_kwargs, self.settings, self.groups.first_request_at,
+            self.run_id, group.tally.as_dict(), group.gen_kwargs, self._tasks_of(group), self.settings,
+            self.groups.first_request_at,
             lm_eval_version(), getattr(lm, "model", None), getattr(lm, "base_url", None),
         )  # fmt: skip
         try:
@@ -87,10 +125,16 @@ class Probe:
         )
         group.inflight.cancel_all()
 
+    def _tasks_of(self, group: Group) -> list[str]:
+        return sorted(self.tasks.tasks_of_group.get(group.key, set()))
+
+    def _summary(self, group: Group) -> dict[str, Any]:
+        return group.summary(set(self._tasks_of(group)))
+
     def finalise(self) -> None:
         """Add the final counters to the sidecar this process wrote (once, at exit)."""
         with self.groups.lock:
-            groups = [g.summary() for g in self.groups if g.tripped]
+            groups = [self._summary(g) for g in self.groups if g.tripped]
             self.ownership.finalise(
                 {
                     "short_circuited_requests": sum(g["short_circuited_requests"] for g in groups),
@@ -100,16 +144,35 @@ class Probe:
                 }
             )
 
-    def report_document(self) -> dict[str, Any]:
-        """Everything this process observed, per group, whether or not it tripped."""
+    def evidence_document(self, backend: str = "api") -> dict[str, Any]:
+        """Everything this process observed, per task and per group, tripped or not.
+
+        It travels inside lm-eval's results file (see ``results``) and in the report that
+        ``eval-probe run`` reads. Plain JSON; no key has the ``metric,filter`` shape that
+        lm-eval's and InferenceX's readers take for a score.
+        """
         with self.groups.lock:
+            tripped_groups = {g.key for g in self.groups if g.tripped}
+            tasks = {
+                name: evidence.as_dict(tripped=bool(evidence.groups & tripped_groups))
+                for name, evidence in self.tasks.evidence.items()
+                if name is not None
+            }
+            unknown = self.tasks.evidence.get(None)
             return {
+                "schema_version": SCHEMA_VERSION,
                 "probe_version": PROBE_VERSION,
+                "backend": backend,
                 "run_id": self.run_id,
                 "pid": os.getpid(),
                 "settings": self.settings.as_dict(),
                 "settings_fingerprint": settings_fingerprint(self.settings),
-                "groups": [group.summary() for group in self.groups],
+                "tripped": bool(tripped_groups),
+                "sidecar": self.ownership.path,
+                "tasks": dict(sorted(tasks.items())),
+                "unattributed": unknown.as_dict(bool(unknown.groups & tripped_groups)) if unknown else None,
+                "groups": [self._summary(group) for group in self.groups],
+                "loglikelihood_requests": self.loglikelihood_requests,
             }
 
 

@@ -1,0 +1,36 @@
+"""Carrying the evidence inside lm-eval's own results file.
+
+Pipelines move or upload only ``results*.json`` (InferenceX's CI does), so the evidence
+travels there: one namespaced top-level entry added to the document lm-eval saves. It
+holds no ``lm_eval_version`` key and no ``metric,filter`` key, and nothing of lm-eval's is
+removed or renamed, so lm-eval's and InferenceX's readers see the file as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from probe.runtime import state
+from probe.runtime.patching import mark, wrap
+
+# The entry's name in results_*.json; the reader looks for the same name.
+EVIDENCE_KEY = "hyperloom_eval_probe"
+
+
+def _carrying_evidence(original: Callable) -> Callable:
+    def save_results_aggregated(self: Any, results: Any, *args: Any, **kwargs: Any) -> Any:
+        probe = state.ACTIVE
+        if probe is not None and isinstance(results, dict):
+            try:
+                results[EVIDENCE_KEY] = probe.evidence_document()
+            except Exception as error:
+                probe.errors.report("save_results_aggregated", error)
+        return original(self, results, *args, **kwargs)
+
+    return mark(save_results_aggregated, original)
+
+
+def carry_evidence(evaluation_tracker: Any) -> None:
+    """Patch lm-eval's ``EvaluationTracker`` so that saved results carry the evidence."""
+    wrap(evaluation_tracker.EvaluationTracker, "save_results_aggregated", _carrying_evidence)

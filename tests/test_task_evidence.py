@@ -1,0 +1,131 @@
+"""Evidence for every run and every task, carried inside lm-eval's own results file.
+
+Real lm-eval (the CLI, or its model classes in-process) against the simulated server; the
+probe installed through the injected text only, as InferenceX installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from lm_eval.api.instance import Instance
+from support.lm import GEN_KWARGS, chat, completions, prompts
+from support.procs import probe_site
+
+from probe.demo.localtask import METRIC, SECOND_TASK, TASK, offline_env, task_name, write_task
+from probe.runtime import contract
+from probe.runtime.results import EVIDENCE_KEY
+
+
+def results_of(output: Path) -> dict:
+    (path,) = output.glob("*/results_*.json")
+    return json.loads(path.read_text())
+
+
+def samples_of(output: Path, task: str) -> list[str]:
+    (path,) = output.glob(f"*/samples_{task}_*.jsonl")
+    rows = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["doc_id"])
+    return [row["resps"][0][0] for row in rows]
+
+
+def test_two_tasks_in_one_run_each_get_their_own_evidence(sim, tmp_path) -> None:
+    healthy, broken = write_task(tmp_path / "t1", 24, TASK), write_task(tmp_path / "t2", 24, SECOND_TASK)
+    server = sim("healthy", loop_marker="Count:")
+    output = tmp_path / "out"
+    command = healthy.lm_eval_command(
+        server.base_url, "sim", output, 2048, 8, "--log_samples", model_args="max_retries=2", also=(broken,)
+    )
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output))
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    document = results_of(output)
+    evidence = document[EVIDENCE_KEY]
+    sick, well = evidence["tasks"][broken.name], evidence["tasks"][healthy.name]
+    assert (sick["tripped"], well["tripped"]) == (True, False)
+    assert well["observations"] == well["generate_requests"] == 24 and well["cut_off"] == 0
+    assert sick["cut_off"] == sick["observations"] >= 16 and sick["causes"]["output_cap"] == sick["cut_off"]
+    assert sick["short_circuited"] == 24 - sick["observations"]
+    # The healthy task's answers are real, its score untouched; the broken one was blanked.
+    assert samples_of(output, healthy.name) == [f" {10 * i + 3}" for i in range(24)]
+    assert document["results"][healthy.name][METRIC] == 1.0
+    trip = json.loads((output / contract.SIDECAR_NAME).read_text())
+    assert trip["verdict"]["tasks"] == [broken.name]
+    assert [g["tasks"] for g in trip["final"]["short_circuited_groups"]] == [[broken.name]]
+    # Nothing that lm-eval's or InferenceX's readers would take for a score or a version.
+    text = json.dumps(evidence)
+    assert "lm_eval_version" not in text and not any("," in key for key in _keys(evidence))
+
+
+def _keys(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [k for k in value] + [k for v in value.values() for k in _keys(v)]
+    if isinstance(value, list):
+        return [k for v in value for k in _keys(v)]
+    return []
+
+
+def test_a_run_with_30_percent_at_the_cap_carries_its_evidence(sim, tmp_path) -> None:
+    task = write_task(tmp_path / "t", 60)
+    server = sim("mixed", cap_fraction=0.3)
+    output = tmp_path / "out"
+    command = task.lm_eval_command(server.base_url, "sim", output, 2048, 8, model_args="max_retries=2")
+    run = subprocess.run(command, env=offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output)),
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    evidence = results_of(output)[EVIDENCE_KEY]
+    assert evidence["tripped"] is False and not (output / contract.SIDECAR_NAME).exists()
+    found = evidence["tasks"][task_name()]
+    at_cap = sum(1 for p in _task_prompts(60) if server.at_cap(p))
+    assert found["cut_off"] == found["causes"]["output_cap"] == at_cap and 10 <= at_cap <= 30
+    assert found["cut_off_rate"] == round(at_cap / 60, 6)
+
+
+def _task_prompts(n: int) -> list[str]:
+    return [f"Question: What is {3 * i + 1} + {7 * i + 2}?\nAnswer:" for i in range(n)]
+
+
+def _instances(n: int, task: str, gen_kwargs: dict, chat_format: bool) -> list[Instance]:
+    from lm_eval.models.api_models import JsonChatStr
+
+    requests = []
+    for i, text in enumerate(prompts(n)):
+        context = JsonChatStr(json.dumps([{"role": "user", "content": text}])) if chat_format else text
+        requests.append(
+            Instance("generate_until", doc={}, arguments=(context, gen_kwargs), idx=i, metadata=(task, i, 1))
+        )
+    return requests
+
+
+@pytest.mark.parametrize("chat_format", [False, True], ids=["completions", "chat"])
+@pytest.mark.parametrize(
+    ("mode", "cause"),
+    [("never_stop", "output_cap"), ("window", "context_window"), ("repetition", "repetition"),
+     ("reasoning", "reasoning"), ("empty", None)],
+)  # fmt: skip
+def test_each_cause_is_kept_apart(sim, probed, mode, cause, chat_format) -> None:
+    server = sim(mode)
+    lm = chat(server.base_url) if chat_format else completions(server.base_url)
+    lm.generate_until(_instances(12, "t", {**GEN_KWARGS, "max_tokens": 512}, chat_format))  # below the rule's budget
+    found = probed.evidence_document()["tasks"]["t"]
+    assert found["observations"] == found["generate_requests"] == found["below_min_max_tokens"] == 12
+    expected = cause if (cause != "reasoning" or chat_format) else "output_cap"  # completions carry no reasoning
+    if expected is None:
+        assert found["cut_off"] == 0 and found["empty_answers"] == 12 and found["finish_reasons"] == {"stop": 12}
+    else:
+        assert found["causes"][expected] == found["cut_off"] == 12
+    assert found["short_circuited"] == 0 and probed.evidence_document()["tripped"] is False
+
+
+def test_loglikelihood_requests_are_counted_apart(sim, probed) -> None:
+    import asyncio
+
+    server = sim("never_stop")
+    lm = completions(server.base_url, num_concurrent=4)
+    lm.tokenized_requests = True
+    asyncio.run(lm.get_batched_requests([[1, 2, 3], [4, 5]], cache_keys=[("a", "b"), ("c", "d")], generate=False,
+                                        ctxlens=[1, 1]))  # fmt: skip
+    document = probed.evidence_document()
+    assert document["loglikelihood_requests"] == 2 and document["tasks"] == {}
