@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe import exitcodes
+from probe.reader.evidence import DEFAULT_MAX_CAP_RATE
 from probe.runtime.contract import PROBE_VERSION
 
 if TYPE_CHECKING:
@@ -54,6 +55,14 @@ def finite_float(text: str) -> float:
     value = float(text) if _DECIMAL.fullmatch(text) else math.nan
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in plain decimal notation (e.g. 0.5)")
+    return value
+
+
+def rate(text: str) -> float:
+    """An option's value as a share between 0 and 1; ArgumentTypeError otherwise."""
+    value = finite_float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share between 0 and 1")
     return value
 
 
@@ -114,16 +123,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_read(args: argparse.Namespace) -> int:
-    from probe.reader.verdict import classify, describe
+    from probe.reader.verdict import classify, classify_all, describe, table, worst
 
     if not Path(args.result_dir).is_dir():
         print(f"eval-probe read: {args.result_dir} is not a directory", file=sys.stderr)
         return USAGE_ERROR
-    verdict = classify(args.result_dir, args.floor, args.task, args.metric, not args.lower_is_better)
+    options = (args.metric, not args.lower_is_better, args.max_cap_rate, args.cap_rate_fails)
     # allow_nan=False: --json output is strict JSON for orchestrators; the reader never lets a
     # non-finite number into a verdict, and should one slip in, that is an internal error.
-    print(json.dumps(verdict, indent=2, allow_nan=False) if args.json else describe(verdict))
-    return exitcodes.READ_STATUS[verdict["status"]]
+    if args.task is not None:
+        verdict = classify(args.result_dir, args.floor, args.task, *options)
+        print(json.dumps(verdict, indent=2, allow_nan=False) if args.json else describe(verdict))
+        return exitcodes.READ_STATUS[verdict["status"]]
+    verdicts = classify_all(args.result_dir, args.floor, *options)
+    print(json.dumps(verdicts, indent=2, allow_nan=False) if args.json else table(verdicts))
+    return exitcodes.READ_STATUS[worst(verdicts)]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -201,10 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument(
         "--floor", type=finite_float, default=0.01, help="the lowest usable score, a finite number (default 0.01)"
     )
-    read.add_argument("--task", help="task name (default: the first task in the results file)")
+    read.add_argument("--task", help="judge this task only (default: every task, as a table)")
     read.add_argument("--metric", help="metric key, e.g. exact_match,strict-match (default: first accuracy-like)")
     read.add_argument("--lower-is-better", action="store_true", help="the metric is an error rate, not an accuracy")
-    read.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    read.add_argument(
+        "--max-cap-rate",
+        type=rate,
+        default=DEFAULT_MAX_CAP_RATE,
+        help="above this share of cut-off generations a score carries a caveat with its bound "
+        f"(default {DEFAULT_MAX_CAP_RATE:g})",
+    )
+    read.add_argument(
+        "--cap-rate-fails", action="store_true", help="a task above --max-cap-rate is below_floor (a hard stop)"
+    )
+    read.add_argument("--json", action="store_true", help="print the verdict as JSON (a list without --task)")
 
     demo = command(
         "demo",

@@ -12,7 +12,7 @@ import pytest
 from support.procs import PYTHON, probe_site
 from support.resultfiles import METRIC, write_results, write_sidecar
 
-from probe.demo.localtask import offline_env
+from probe.demo.localtask import offline_env, task_name
 from probe.reader.contract import contract_fingerprint, contract_settings
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import read_sidecar
@@ -160,11 +160,11 @@ def read_cli(*args: str) -> subprocess.CompletedProcess:
 def test_read_on_real_runs(real_runs) -> None:
     healthy = read_cli(str(real_runs["healthy"]), "--floor", "0.5", "--json")
     assert healthy.returncode == 0
-    assert json.loads(healthy.stdout)["score"] == 1.0
-    never = read_cli(str(real_runs["never_stop"]), "--floor", "0.5")
+    assert [v["score"] for v in json.loads(healthy.stdout)] == [1.0]
+    never = read_cli(str(real_runs["never_stop"]), "--floor", "0.5", "--task", task_name())
     assert never.returncode == 1
     assert "status:  below_floor" in never.stdout and "16 of 16 generations it observed" in never.stdout
-    as_json = json.loads(read_cli(str(real_runs["never_stop"]), "--json").stdout)
+    (as_json,) = json.loads(read_cli(str(real_runs["never_stop"]), "--json").stdout)
     assert as_json["score"] == 0.0 and as_json["pathology"]["short_circuited_requests"] == 8
 
 
@@ -185,7 +185,7 @@ def test_read_refuses_a_floor_that_is_not_a_plain_finite_number(tmp_path, floor:
 def test_read_accepts_plain_finite_floors(tmp_path, floor: str) -> None:
     write_results(tmp_path, 0.9)
     run = read_cli(str(tmp_path), "--floor", floor, "--json")
-    assert json.loads(run.stdout)["floor"] == float(floor)
+    assert [v["floor"] for v in json.loads(run.stdout)] == [float(floor)]
 
 
 def test_classify_refuses_a_non_finite_floor(tmp_path) -> None:

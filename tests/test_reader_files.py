@@ -18,7 +18,7 @@ from support.procs import PYTHON
 from support.resultfiles import STARTED, write_results, write_sidecar
 
 from probe import exitcodes
-from probe.reader.verdict import classify
+from probe.reader.verdict import classify, classify_all
 from probe.runtime import contract
 
 ISO = "2026-11-30T01-02-03.456789"
@@ -34,7 +34,8 @@ def unavailable_because(result_dir: Path, *words: str) -> None:
     """``eval-probe read`` says unavailable (exit 2), and its reason names every one of ``words``."""
     run = read_cli(result_dir)
     assert run.returncode == exitcodes.READ_STATUS["unavailable"], (run.returncode, run.stdout, run.stderr[-2000:])
-    reason = json.loads(run.stdout)["reason"]
+    verdicts = json.loads(run.stdout)  # without --task: one verdict per task, a list
+    reason = " | ".join(v["reason"] for v in verdicts if v["status"] == "unavailable")
     for word in words:
         assert word in reason, reason
 
@@ -80,8 +81,13 @@ def test_inferencex_staged_names_are_results_with_their_concurrency(tmp_path: Pa
         (f"results_{ISO}_conc64_2.json", 64, STARTED + 10, None),
         (f"results_{ISO}_conc8.json", 8, STARTED, None),
     ]
-    verdict = classify(tmp_path, 0.05)
-    assert (verdict["results_file"], verdict["status"]) == (str(newest), "ok")
+    # One set of verdicts per concurrency, each from its own newest file.
+    verdicts = classify_all(tmp_path, 0.05)
+    assert [(v["concurrency"], Path(v["results_file"]).name, v["status"]) for v in verdicts] == [
+        (None, "out_2026-11-30T01-02-03.json", "ok"),
+        (8, f"results_{ISO}_conc8.json", "ok"),
+        (64, newest.name, "ok"),
+    ]
 
 
 @contextlib.contextmanager
@@ -175,7 +181,7 @@ def test_a_huge_integer_score_is_not_a_finite_score(tmp_path: Path, digits: int)
     path.write_text(
         path.read_text().replace('"exact_match,strict-match": 0.5', f'"exact_match,strict-match": {"9" * digits}')
     )
-    run = read_cli(tmp_path)
+    run = read_cli(tmp_path, "--task", "gsm8k")
     assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stderr[-2000:]
     assert json.loads(run.stdout)["score"] is None
 

@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 from lm_eval.api.instance import Instance
 from support.lm import GEN_KWARGS, chat, completions, prompts
-from support.procs import probe_site
+from support.procs import PYTHON, probe_site
 
-from probe.demo.localtask import METRIC, SECOND_TASK, TASK, offline_env, task_name, write_task
+from probe.demo.localtask import COUNT_MARKER, METRIC, SECOND_TASK, TASK, offline_env, write_task
+from probe.demo.simserver import SimServer
 from probe.runtime import contract
-from probe.runtime.results import EVIDENCE_KEY
+from probe.runtime.contract import EVIDENCE_KEY
+
+
+def read_cli(output: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "probe", "read", str(output), *args], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
 
 
 def results_of(output: Path) -> dict:
@@ -26,37 +32,60 @@ def results_of(output: Path) -> dict:
 
 
 def samples_of(output: Path, task: str) -> list[str]:
-    (path,) = output.glob(f"*/samples_{task}_*.jsonl")
+    (path,) = output.glob(f"*/samples_{task}_20*.jsonl")  # the time follows: gsm8k is not gsm8k_cot
     rows = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["doc_id"])
     return [row["resps"][0][0] for row in rows]
 
 
-def test_two_tasks_in_one_run_each_get_their_own_evidence(sim, tmp_path) -> None:
-    healthy, broken = write_task(tmp_path / "t1", 24, TASK), write_task(tmp_path / "t2", 24, SECOND_TASK)
-    server = sim("healthy", loop_marker="Count:")
-    output = tmp_path / "out"
-    command = healthy.lm_eval_command(
-        server.base_url, "sim", output, 2048, 8, "--log_samples", model_args="max_retries=2", also=(broken,)
-    )
-    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output))
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def two_tasks(tmp_path_factory) -> dict:
+    """One lm-eval run of two tasks against one server: it never stops on the second task's
+    prompts and answers the first task's correctly. Probed through the injected text only."""
+    root = tmp_path_factory.mktemp("two")
+    healthy, broken = write_task(root / "t1", 24, TASK), write_task(root / "t2", 24, SECOND_TASK)
+    output = root / "out"
+    with SimServer("healthy", loop_marker=COUNT_MARKER) as server:
+        command = healthy.lm_eval_command(
+            server.base_url, "sim", output, 2048, 8, "--log_samples", model_args="max_retries=2", also=(broken,)
+        )
+        env = offline_env(probe_site(root / "site"), RESULT_DIR=str(output))
+        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+    return {"output": output, "healthy": healthy.name, "broken": broken.name}
+
+
+def test_two_tasks_in_one_run_each_get_their_own_evidence(two_tasks) -> None:
+    output, healthy, broken = two_tasks["output"], two_tasks["healthy"], two_tasks["broken"]
     document = results_of(output)
     evidence = document[EVIDENCE_KEY]
-    sick, well = evidence["tasks"][broken.name], evidence["tasks"][healthy.name]
+    sick, well = evidence["tasks"][broken], evidence["tasks"][healthy]
     assert (sick["tripped"], well["tripped"]) == (True, False)
     assert well["observations"] == well["generate_requests"] == 24 and well["cut_off"] == 0
     assert sick["cut_off"] == sick["observations"] >= 16 and sick["causes"]["output_cap"] == sick["cut_off"]
     assert sick["short_circuited"] == 24 - sick["observations"]
     # The healthy task's answers are real, its score untouched; the broken one was blanked.
-    assert samples_of(output, healthy.name) == [f" {10 * i + 3}" for i in range(24)]
-    assert document["results"][healthy.name][METRIC] == 1.0
+    assert samples_of(output, healthy) == [f" {10 * i + 3}" for i in range(24)]
+    assert document["results"][healthy][METRIC] == 1.0
     trip = json.loads((output / contract.SIDECAR_NAME).read_text())
-    assert trip["verdict"]["tasks"] == [broken.name]
-    assert [g["tasks"] for g in trip["final"]["short_circuited_groups"]] == [[broken.name]]
+    assert trip["verdict"]["tasks"] == [broken]
+    assert [g["tasks"] for g in trip["final"]["short_circuited_groups"]] == [[broken]]
     # Nothing that lm-eval's or InferenceX's readers would take for a score or a version.
     text = json.dumps(evidence)
     assert "lm_eval_version" not in text and not any("," in key for key in _keys(evidence))
+
+
+def test_read_gives_each_of_two_tasks_its_own_status(two_tasks) -> None:
+    output, healthy, broken = two_tasks["output"], two_tasks["healthy"], two_tasks["broken"]
+    table = read_cli(output)
+    assert table.returncode == 1  # the worst status: below_floor
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:3]}
+    assert rows[healthy][2:4] == ["1", "ok"] and rows[broken][2:4] == ["0", "below_floor"]
+    assert "non-termination: cut short" in table.stdout
+    assert read_cli(output, "--task", healthy).returncode == 0
+    one = read_cli(output, "--task", broken, "--json")
+    assert one.returncode == 1 and json.loads(one.stdout)["pathology"]["tasks"] == [broken]
+    listed = json.loads(read_cli(output, "--json").stdout)
+    assert [(v["task"], v["status"]) for v in listed] == [(healthy, "ok"), (broken, "below_floor")]
 
 
 def _keys(value: object) -> list[str]:
@@ -67,20 +96,43 @@ def _keys(value: object) -> list[str]:
     return []
 
 
-def test_a_run_with_30_percent_at_the_cap_carries_its_evidence(sim, tmp_path) -> None:
-    task = write_task(tmp_path / "t", 60)
-    server = sim("mixed", cap_fraction=0.3)
-    output = tmp_path / "out"
-    command = task.lm_eval_command(server.base_url, "sim", output, 2048, 8, model_args="max_retries=2")
-    run = subprocess.run(command, env=offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output)),
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory) -> dict:
+    """A run where about 30% of the generations hit the cap: the rule rightly does not fire."""
+    root = tmp_path_factory.mktemp("capped")
+    task = write_task(root / "t", 60)
+    output = root / "out"
+    with SimServer("mixed", cap_fraction=0.3) as server:
+        command = task.lm_eval_command(server.base_url, "sim", output, 2048, 8, model_args="max_retries=2")
+        run = subprocess.run(command, env=offline_env(probe_site(root / "site"), RESULT_DIR=str(output)),
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        at_cap = sum(1 for p in _task_prompts(60) if server.at_cap(p))
     assert run.returncode == 0, run.stderr[-3000:]
-    evidence = results_of(output)[EVIDENCE_KEY]
-    assert evidence["tripped"] is False and not (output / contract.SIDECAR_NAME).exists()
-    found = evidence["tasks"][task_name()]
-    at_cap = sum(1 for p in _task_prompts(60) if server.at_cap(p))
+    return {"output": output, "at_cap": at_cap, "task": task.name}
+
+
+def test_a_run_with_30_percent_at_the_cap_carries_its_evidence(capped) -> None:
+    evidence = results_of(capped["output"])[EVIDENCE_KEY]
+    assert evidence["tripped"] is False and not (capped["output"] / contract.SIDECAR_NAME).exists()
+    found, at_cap = evidence["tasks"][capped["task"]], capped["at_cap"]
     assert found["cut_off"] == found["causes"]["output_cap"] == at_cap and 10 <= at_cap <= 30
     assert found["cut_off_rate"] == round(at_cap / 60, 6)
+
+
+def test_read_reports_the_cap_rate_and_the_caveat_with_its_bound(capped) -> None:
+    output, at_cap = capped["output"], capped["at_cap"]
+    score = results_of(output)["results"][capped["task"]][METRIC]
+    (verdict,) = json.loads(read_cli(output, "--json").stdout)
+    assert verdict["status"] == "ok" and verdict["cap_rate"] == pytest.approx(at_cap / 60)
+    caveat = verdict["caveat"]
+    assert (caveat["cut_off"], caveat["observations"]) == (at_cap, 60)
+    assert caveat["bound"] == pytest.approx(min(1.0, score + at_cap / 60))
+    assert f"{at_cap} of 60 generations were cut off ({at_cap} output cap)" in caveat["text"]
+    table = read_cli(output)
+    assert table.returncode == 0 and f"{at_cap / 60:.1%}" in table.stdout and "lower bound" in table.stdout
+    # Orchestrators that want a hard stop: the exceeded threshold is below_floor.
+    assert read_cli(output, "--cap-rate-fails").returncode == 1
+    assert read_cli(output, "--max-cap-rate", "0.5").stdout.count("lower bound") == 0
 
 
 def _task_prompts(n: int) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.reader.documents import Unreadable, parse_json, recorded_time
+from probe.reader.evidence import run_evidence
 from probe.reader.files import list_directory, read_regular_file, resolve_inside
 
 MAX_RESULTS_BYTES = 64 * 2**20  # real results files are well under 1 MiB
@@ -34,14 +35,16 @@ _NAMED_PROBLEMS = 3
 class Candidate:
     """A file that lm-eval or InferenceX may have written as results, or a directory that may
     hold some. Either ``reason`` says why it cannot be used, or ``started_at`` (lm-eval's
-    ``date``) and ``results`` (its ``results`` object) are set. ``concurrency`` is InferenceX's
-    ``_conc<N>`` from the name, None for lm-eval's own names."""
+    ``date``) and ``results`` (its ``results`` object) are set, with ``evidence`` (the probe's
+    entry, None when the run was not probed). ``concurrency`` is InferenceX's ``_conc<N>``
+    from the name, None for lm-eval's own names."""
 
     path: Path
     concurrency: int | None = None
     started_at: float | None = None
     results: dict[str, Any] | None = None
     reason: str | None = None
+    evidence: dict[str, Any] | None = None
 
 
 def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Candidate]:
@@ -118,6 +121,7 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
         if not isinstance(document, dict) or not isinstance(document.get("results"), dict):
             raise Unreadable("no 'results' object")
         started = recorded_time(document.get("date"), now, "date")
+        evidence = run_evidence(document)
     except Unreadable as error:
         return Candidate(path, concurrency, reason=f"cannot read {path}: {error}")
-    return Candidate(path, concurrency, started, document["results"])
+    return Candidate(path, concurrency, started, document["results"], evidence=evidence)

@@ -44,13 +44,14 @@ def read_score(result_dir: Path, task: str | None = None, metric: str | None = N
     if task not in results or not isinstance(results[task], dict):
         return Score(path, task, metric, reason=f"task {task!r} is not in {path.name}", started_at=started)
     metrics = results[task]
-    metric = metric or _default_metric(metrics)
+    metric = metric or pick_metric(metrics)
     if metric is None or metric not in metrics:
         return Score(path, task, metric, reason=f"metric {metric!r} is not in task {task!r}", started_at=started)
     return Score(path, task, metric, raw=metrics[metric], started_at=started)
 
 
-def _default_metric(metrics: dict[str, Any]) -> str | None:
+def pick_metric(metrics: dict[str, Any]) -> str | None:
+    """A task's first accuracy-like metric (see ACCURACY_LIKE), else its first numeric one."""
     names = [k for k in metrics if "_stderr" not in k and k != "alias"]
     for wanted in ACCURACY_LIKE:
         for name in names:

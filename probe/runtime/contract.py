@@ -22,6 +22,8 @@ from typing import Any
 
 PROBE_VERSION = "0.1.0"
 SIDECAR_NAME = "hyperloom_eval_probe.json"
+# The entry the probe adds to lm-eval's results_*.json: the evidence of every task.
+EVIDENCE_KEY = "hyperloom_eval_probe"
 SCHEMA_VERSION = 1
 PATHOLOGY = "non_terminating"
 ENV_SWITCH = "HYPERLOOM_EVAL_PROBE"

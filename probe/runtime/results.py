@@ -12,10 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from probe.runtime import state
+from probe.runtime.contract import EVIDENCE_KEY
 from probe.runtime.patching import mark, wrap
-
-# The entry's name in results_*.json; the reader looks for the same name.
-EVIDENCE_KEY = "hyperloom_eval_probe"
 
 
 def _carrying_evidence(original: Callable) -> Callable:

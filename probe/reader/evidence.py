@@ -1,0 +1,128 @@
+"""The probe's evidence as lm-eval's results file carries it: each task's figures, which
+tasks a trip cut short, and what a score made of cut-off answers is worth (pure)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from probe.reader.documents import Unreadable
+from probe.runtime.contract import EVIDENCE_KEY, SCHEMA_VERSION
+
+# Above this share of cut-off generations a score carries a caveat (--max-cap-rate).
+DEFAULT_MAX_CAP_RATE = 0.05
+# When more than this share of a task's answers were empty, the model did not answer.
+EMPTY_MAJORITY = 0.5
+CAUSE_WORDS = {
+    "output_cap": "output cap",
+    "context_window": "context window",
+    "length": "cap or window",
+    "repetition": "repetition",
+    "reasoning": "reasoning used up the budget",
+}
+_COUNTS = ("generate_requests", "observations", "cut_off", "empty_answers", "short_circuited", "cancelled_in_flight")
+
+
+def run_evidence(document: dict[str, Any]) -> dict[str, Any] | None:
+    """The evidence entry of a results document; None when the run was not probed.
+
+    Raises :class:`Unreadable` when the entry is there but cannot be trusted: whether the
+    run was cut short then cannot be told.
+    """
+    if EVIDENCE_KEY not in document:
+        return None
+    evidence = document[EVIDENCE_KEY]
+    if not isinstance(evidence, dict) or evidence.get("schema_version") != SCHEMA_VERSION:
+        raise Unreadable(f"the probe's evidence ({EVIDENCE_KEY!r}) is not a schema-{SCHEMA_VERSION} object")
+    tasks = evidence.get("tasks")
+    if not isinstance(tasks, dict) or not isinstance(evidence.get("tripped"), bool):
+        raise Unreadable("the probe's evidence has no 'tasks' object or no 'tripped' flag")
+    for name, figures in [*tasks.items(), ("(unattributed)", evidence.get("unattributed"))]:
+        if figures is None and name == "(unattributed)":
+            continue
+        problem = _figures_problem(figures)
+        if problem:
+            raise Unreadable(f"the probe's evidence for task {name!r} {problem}")
+    return evidence
+
+
+def _figures_problem(figures: Any) -> str | None:
+    if not isinstance(figures, dict) or not isinstance(figures.get("tripped"), bool):
+        return "is not an object with a 'tripped' flag"
+    for name in _COUNTS:
+        value = figures.get(name)
+        if type(value) is not int or value < 0:
+            return f"has no count {name!r}"
+    causes = figures.get("causes")
+    if not isinstance(causes, dict) or any(type(v) is not int or v < 0 for v in causes.values()):
+        return "has no counts of causes"
+    if figures["cut_off"] > figures["observations"] or figures["empty_answers"] > figures["observations"]:
+        return "counts more cut-off or empty answers than observations"
+    return None
+
+
+def cut_short(evidence: dict[str, Any] | None, trip: dict[str, Any] | None, final: dict[str, Any] | None) -> set[str]:
+    """Every task the evidence or this run's trip record says a trip cut short."""
+    found = {name for name, figures in (evidence or {}).get("tasks", {}).items() if figures["tripped"]}
+    for source in ((trip or {}).get("tasks"), *[g.get("tasks") for g in _groups(final)]):
+        if isinstance(source, list):
+            found |= {t for t in source if isinstance(t, str)}
+    return found
+
+
+def _groups(final: dict[str, Any] | None) -> list[dict[str, Any]]:
+    groups = (final or {}).get("short_circuited_groups")
+    return [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
+
+
+def mapping_unknown(evidence: dict[str, Any] | None, trip: dict[str, Any] | None) -> bool:
+    """Whether a trip may have cut short a task that no record names: a trip record
+    without tasks (an older probe), or blanked requests whose task the probe could not tell."""
+    if trip is not None and not isinstance(trip.get("tasks"), list):
+        return True
+    unattributed = (evidence or {}).get("unattributed")
+    return bool(unattributed and (unattributed["tripped"] or unattributed["short_circuited"]))
+
+
+def cause_text(figures: dict[str, Any]) -> str:
+    """The causes of the cut-off generations, e.g. "12 output cap, 3 context window"."""
+    parts = [f"{count} {CAUSE_WORDS.get(cause, cause)}" for cause, count in figures["causes"].items() if count]
+    return ", ".join(parts) or "none"
+
+
+def caveat(
+    figures: dict[str, Any], score: float | None, higher_is_better: bool, max_cap_rate: float
+) -> dict[str, Any] | None:
+    """The caveat of a score when more than ``max_cap_rate`` of its generations were cut off.
+
+    The bound is the score had every cut-off answer been right (for a score in [0, 1]
+    averaged over the generations); None when there is no score or it is not a proportion.
+    """
+    observed, cut = figures["observations"], figures["cut_off"]
+    if not observed or cut / observed <= max_cap_rate:
+        return None
+    bound = None
+    if score is not None and 0.0 <= score <= 1.0:
+        bound = min(1.0, score + cut / observed) if higher_is_better else max(0.0, score - cut / observed)
+    side = "lower" if higher_is_better else "upper"
+    text = f"the score is a {side} bound: {cut} of {observed} generations were cut off ({cause_text(figures)})" + (
+        f"; had every cut-off answer been right it would be {bound:.4g}" if bound is not None else ""
+    )
+    return {"cut_off": cut, "observations": observed, "causes": dict(figures["causes"]), "bound": bound, "text": text}
+
+
+def silence(figures: dict[str, Any]) -> str | None:
+    """ "The model did not answer", with the evidence, when most answers were empty."""
+    observed, empty = figures["observations"], figures["empty_answers"]
+    if not observed or empty / observed <= EMPTY_MAJORITY:
+        return None
+    reasons = ", ".join(f"{k}={v}" for k, v in figures.get("finish_reasons", {}).items())
+    return f"the model did not answer: {empty} of {observed} answers were empty (finish reasons: {reasons})"
+
+
+def cap_rate(figures: dict[str, Any] | None) -> float | None:
+    """The share of a task's generations that were cut off; None when none was observed."""
+    if not figures or not figures["observations"]:
+        return None
+    rate = figures["cut_off"] / figures["observations"]
+    return rate if math.isfinite(rate) else None
