@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         "read",
         _cmd_read,
         "Turn a result directory into a verdict: ok, below_floor or unavailable.",
-        epilog=exitcodes.epilog(exitcodes.READ),
+        epilog=exitcodes.epilog(exitcodes.READ, exitcodes.READ_NOTE),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     read.add_argument("result_dir", help="lm-eval's --output_path (holds the sidecar and <model>/results_*.json)")

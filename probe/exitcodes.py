@@ -12,14 +12,15 @@ INTERNAL = 70  # EX_SOFTWARE: an internal error is never a verdict
 READ_STATUS = {"ok": 0, "below_floor": 1, "unavailable": 2}
 
 READ = (
-    (READ_STATUS["ok"], "ok: a finite score that meets the floor, and the probe did not trip"),
+    (READ_STATUS["ok"], "ok: a finite score that meets the floor, and the probe did not cut the task short"),
     (READ_STATUS["below_floor"], "below_floor: a finite score under the floor (a measured 0.0 included), or the probe "
-     "tripped (a generation pathology; the evidence is printed)"),
+     "cut the task short (a generation pathology; the evidence is printed)"),
     (READ_STATUS["unavailable"], "unavailable: no results file, one that cannot be read or ordered, no finite "
      "score, or an unreadable sidecar"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it); never a verdict"),
     (USAGE, "usage error"),
 )  # fmt: skip
+READ_NOTE = "Without --task every task is judged, and the exit code is the worst status."
 
 PATCH = (
     (0, "done; with --check: patched with the current probe"),
