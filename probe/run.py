@@ -11,13 +11,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from probe.inject import sitecustomize_text
 from probe.lmeval_args import output_path_in
 from probe.reader.sidecar import read_sidecar
-from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS
+from probe.runtime.contract import ENV_REPORT, ENV_RUN_ID, RESULT_DIR_VARS
 from probe.runtime.log import PREFIX
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -48,10 +49,13 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
         env[RESULT_DIR_VARS[0]] = str(result)
         env[ENV_REPORT] = str(report)
+        # The run's identity, honoured by the command's processes (this process is their
+        # ancestor): the summary then tells this run's sidecar from a leftover one.
+        run_id = env[ENV_RUN_ID] = f"{uuid.uuid4().hex}.{os.getpid()}"
         status = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}")
         if status is None:
             return 127
-        line = summary(result, report, -status if status < 0 else None)
+        line = summary(result, report, -status if status < 0 else None, run_id)
         if made is not None and any(made.iterdir()):
             line += f"; results kept in {made}"
         _say(line)
@@ -100,14 +104,18 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], started: st
             signal.signal(sig, handler)
 
 
-def summary(result_dir: Path, report: Path, ended_by: int | None = None) -> str:
-    """The summary line: what the sidecar's trip record says, else what the probe's report says,
-    else what is known; ``ended_by`` is the signal that ended the command, if one did."""
+def summary(result_dir: Path, report: Path, ended_by: int | None = None, run_id: str | None = None) -> str:
+    """The summary line: what this run's trip record says, else what the probe's report says,
+    else what is known; ``ended_by`` is the signal that ended the command, if one did. A
+    sidecar whose ``run_id`` is not ``run_id`` (when given) is another run's, and is said so."""
     signalled = "" if ended_by is None else f"the command was ended by signal {ended_by} ({_signal_name(ended_by)})"
     sidecar = read_sidecar(result_dir)
     if sidecar.state == "unreadable":
         return f"summary: the sidecar is unreadable ({sidecar.error})" + (f"; {signalled}" if signalled else "")
-    if sidecar.state == "valid":
+    other = ""
+    if sidecar.state == "valid" and run_id is not None and sidecar.trip.get("run_id") != run_id:
+        other = f"; the sidecar {sidecar.path} is another run's, not this one's"
+    elif sidecar.state == "valid":
         v = sidecar.trip
         cut = sidecar.final.get("short_circuited_requests") if sidecar.final else "?"
         return (
@@ -118,20 +126,24 @@ def summary(result_dir: Path, report: Path, ended_by: int | None = None) -> str:
         )
     try:
         observed = json.loads(report.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        groups = observed["groups"]
+        seen = sum(g["observations"] for g in groups)
+        bad = sum(g["pathological"] for g in groups)
+        worst = max(((t, f["cut_off_rate"]) for t, f in observed["tasks"].items() if f["cut_off_rate"]),
+                    key=lambda found: found[1], default=None)  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
         if signalled:
             # The probe reports when Python exits normally; a signal stops that, so nothing else is known.
-            return f"summary: {signalled}; no sidecar in {result_dir}, so the probe had not tripped by then"
+            return f"summary: {signalled}; no sidecar of this run in {result_dir}, so the probe had not tripped by then"
         return (
             "summary: the probe did not trip and wrote no report: no lm-eval API model ran under it, or the "
-            "command did not exit through Python's normal shutdown"
+            "command did not exit through Python's normal shutdown" + other
         )
-    groups = observed.get("groups", [])
-    seen = sum(g["observations"] for g in groups)
-    bad = sum(g["pathological"] for g in groups)
+    highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
     return (
         f"summary: the probe did not trip: {bad} of {seen} generations observed ended at the cap, "
-        f"in {len(groups)} group(s) of generation settings" + (f"; then {signalled}" if signalled else "")
+        f"in {len(groups)} group(s) of generation settings{highest}{other}"
+        + (f"; then {signalled}" if signalled else "")
     )
 
 

@@ -144,6 +144,21 @@ def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_
     assert "the probe did not trip: 0 of 40 generations observed ended at the cap" in run.stderr
 
 
+def test_run_never_reports_a_leftover_sidecar_as_this_runs_trip(sim, local_task, tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    output.mkdir()
+    leftover = {"schema_version": 1, "verdict": {
+        "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
+        "finish_reasons": {"length": 16}, "max_tokens": [2048], "settings": {}, "tripped_at": time.time() - 60,
+        "run_id": "a" * 32 + ".1"}, "final": None}  # fmt: skip
+    (output / contract.SIDECAR_NAME).write_text(json.dumps(leftover))
+    server = sim("mixed", cap_fraction=0.3)
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 8))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "TRIPPED" not in run.stderr and "is another run's, not this one's" in run.stderr
+    assert "the probe did not trip" in run.stderr and "most cut off: " in run.stderr
+
+
 def test_run_passes_the_exit_code_through_and_removes_an_empty_results_directory(tmp_path: Path) -> None:
     run = eval_probe_run(tmp_path, PYTHON, "-c", "import sys, os; print(os.environ['RESULT_DIR']); sys.exit(3)")
     assert run.returncode == 3
