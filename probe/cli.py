@@ -76,6 +76,12 @@ def positive_int(text: str) -> int:
 def _cmd_body(args: argparse.Namespace) -> int:
     from probe.inject import sitecustomize_text
 
+    if args.sources:
+        from probe.inject import embedded_sources
+
+        for name, source in embedded_sources().items():
+            sys.stdout.write(f"# ===== _hyperloom_eval_probe.{name} =====\n{source}\n")
+        return 0
     sys.stdout.write(sitecustomize_text(chain=args.standalone))
     return 0
 
@@ -166,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     body = command("body", _cmd_body, "Print the exact text injected into a sitecustomize.py.")
     body.add_argument(
         "--standalone", action="store_true", help="the variant for a sitecustomize.py of our own (chains the next one)"
+    )
+    body.add_argument(
+        "--sources", action="store_true", help="print the runtime modules the text carries packed, as they run"
     )
 
     patch = command(

@@ -17,7 +17,7 @@ from support.procs import PYTHON, probe_site
 from probe.demo.localtask import offline_env
 from probe.inject import RUNTIME, embedded_sources, sitecustomize_text
 from probe.runtime import contract
-from probe.runtime.bootstrap import PACKAGE
+from probe.runtime.bootstrap import PACKAGE, unpack
 
 ALLOWED = set(sys.stdlib_module_names) | {"lm_eval", "vllm", PACKAGE, "__future__"}
 
@@ -36,16 +36,15 @@ def imports(source: str, name: str) -> list[tuple[str, int]]:
 def injected_sources() -> dict[str, str]:
     """Everything the injected text runs: the text itself, the stub, the chain, each module."""
     text = sitecustomize_text(chain=True)
-    embedded = {}
+    literals = {}
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id != "namespace":
-            name, value = node.targets[0].id, node.value
-            if isinstance(value, ast.Constant):
-                embedded[name] = value.value
-            elif isinstance(value, ast.Dict):
-                embedded.update({f"{name}[{k.value}]": v.value for k, v in zip(value.keys, value.values, strict=True)})
-    assert set(embedded) == {"bootstrap", "chain", *(f"modules[{m}]" for m in embedded_sources())}
-    return {"sitecustomize.py": text, **embedded}
+            literals[node.targets[0].id] = node.value.value
+    assert set(literals) == {"bootstrap", "chain", "modules"}
+    # The modules travel packed: unpacked exactly as the stub unpacks them where it runs.
+    modules = {f"modules[{name}]": source for name, source in unpack(literals.pop("modules")).items()}
+    assert len(modules) == len(embedded_sources())
+    return {"sitecustomize.py": text, **literals, **modules}
 
 
 def test_the_injected_text_imports_only_the_standard_library_lm_eval_and_vllm() -> None:

@@ -3,7 +3,8 @@
 Every such process compiles it from source (InferenceX sets PYTHONDONTWRITEBYTECODE=1),
 and compiling costs about 0.3 ms per kilobyte of code here, so it stays this small. It
 only registers a finder that waits for lm-eval's API module; the runtime's modules (handed
-over as source text) are compiled then, as the private package ``_hyperloom_eval_probe``,
+over packed: their sources as JSON, compressed, in base85, so that the file to compile stays
+small) are unpacked and compiled then, as the private package ``_hyperloom_eval_probe``,
 and install themselves right after that module has run.
 """
 
@@ -38,11 +39,20 @@ class EmbeddedRuntime:
             exec(compile(self.sources[name], where, "exec"), module.__dict__)
 
 
-def load_runtime(sources: dict, origin: str) -> object:
-    """Import the runtime's ``install`` module from ``sources``; None (and one line) on failure."""
+def unpack(packed: str) -> dict:
+    """The module sources, {name: source}, from the packed text the injected file holds."""
+    import base64
+    import json
+    import zlib
+
+    return json.loads(zlib.decompress(base64.b85decode(packed)).decode("utf-8"))
+
+
+def load_runtime(packed: str, origin: str) -> object:
+    """Import the runtime's ``install`` module from ``packed``; None (and one line) on failure."""
     try:
         if not any(isinstance(f, EmbeddedRuntime) for f in sys.meta_path):
-            sys.meta_path.append(EmbeddedRuntime(sources, origin))
+            sys.meta_path.append(EmbeddedRuntime(unpack(packed), origin))
         __import__(f"{PACKAGE}.install")
         return sys.modules[f"{PACKAGE}.install"]
     except Exception as error:
@@ -53,19 +63,19 @@ def load_runtime(sources: dict, origin: str) -> object:
 class WaitForLmEval:
     """A meta-path finder that hands the import of TARGET over to the runtime, once."""
 
-    def __init__(self, sources: dict, origin: str) -> None:
-        self.sources = sources
+    def __init__(self, packed: str, origin: str) -> None:
+        self.packed = packed
         self.origin = origin
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         if fullname != TARGET:
             return None
         sys.meta_path.remove(self)
-        runtime = load_runtime(self.sources, self.origin)
+        runtime = load_runtime(self.packed, self.origin)
         return runtime.installing_spec(fullname, path, target) if runtime else None
 
 
-def boot(sources: dict, origin: str, chain_source: str = "") -> None:
+def boot(packed: str, origin: str, chain_source: str = "") -> None:
     """Arrange for the runtime to install; acts at most once per process.
 
     ``chain_source`` (``probe/runtime/chain.py``) is given only by a sitecustomize.py the
@@ -79,8 +89,8 @@ def boot(sources: dict, origin: str, chain_source: str = "") -> None:
         return  # installed twice (appended twice, or loaded two ways): act once
     sys._lm_eval_probe_booted = True
     if TARGET not in sys.modules:
-        sys.meta_path.insert(0, WaitForLmEval(sources, origin))
+        sys.meta_path.insert(0, WaitForLmEval(packed, origin))
         return
-    runtime = load_runtime(sources, origin)
+    runtime = load_runtime(packed, origin)
     if runtime:
         runtime.install(sys.modules[TARGET])
