@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.lm import probe_installed
 from support.procs import PROBE_VARS, probe_site
 
 from probe.demo.localtask import LocalTask, write_task
 from probe.demo.simserver import SimServer
-from probe.runtime import install, state
+from probe.runtime import state
 
 
 @pytest.fixture(autouse=True)
@@ -48,10 +49,8 @@ def result_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def probed(result_dir: Path) -> Iterator[state.Probe]:
     """The probe installed on the real lm-eval in this process; uninstalled afterwards."""
-    assert install.install() is True
-    assert state.ACTIVE is not None
-    yield state.ACTIVE
-    install.uninstall()
+    with probe_installed() as probe:
+        yield probe
 
 
 @pytest.fixture

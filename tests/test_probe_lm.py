@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from lm_eval.models import api_models
 from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
-from support.lm import GEN_KWARGS, chat, completions, generate
+from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed
 
 from probe.runtime import api, contract, install, patching, state
 
@@ -49,11 +49,8 @@ def test_does_not_trip_below_min_samples(sim, probed, result_dir) -> None:
 def test_knobs_change_the_threshold(sim, result_dir, monkeypatch) -> None:
     monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "4")
     server = sim("never_stop")
-    assert install.install()
-    try:
+    with probe_installed():
         answers = generate(completions(server.base_url, num_concurrent=4), 12)
-    finally:
-        install.uninstall()
     assert answers.count("") == 8
     assert _sidecar(result_dir)["verdict"]["settings"][contract.ENV_MIN_SAMPLES] == 4
 
@@ -68,11 +65,8 @@ def test_short_budgets_are_not_evidence(sim, probed, result_dir) -> None:
 def test_healthy_model_answers_exactly_as_unprobed(sim, result_dir) -> None:
     server = sim("healthy")
     unprobed = generate(completions(server.base_url), 40)
-    assert install.install()
-    try:
+    with probe_installed():
         probed_answers = generate(completions(server.base_url), 40)
-    finally:
-        install.uninstall()
     assert probed_answers == unprobed == [f" {3 * i + 1}" for i in range(40)]
     assert not (result_dir / contract.SIDECAR_NAME).exists()
 
@@ -292,11 +286,8 @@ def test_unwritable_result_dir_means_no_short_circuit(sim, tmp_path, monkeypatch
     blocker.write_text("not a directory")
     monkeypatch.setenv("RESULT_DIR", str(blocker / "results"))
     server = sim("never_stop")
-    assert install.install()
-    try:
+    with probe_installed():
         answers = generate(completions(server.base_url), 30)
-    finally:
-        install.uninstall()
     assert all(answers) and server.snapshot()["generate_requests"] == 30
     assert "TRIP NOT APPLIED" in capsys.readouterr().err
 

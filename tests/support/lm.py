@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from lm_eval.api.instance import Instance
@@ -37,3 +39,15 @@ def generate(lm: Any, n: int, gen_kwargs: dict | None = None, chat_format: bool 
         context: Any = JsonChatStr(json.dumps([{"role": "user", "content": text}])) if chat_format else text
         requests.append(Instance(request_type="generate_until", doc={}, arguments=(context, kwargs), idx=i))
     return lm.generate_until(requests)
+
+
+@contextmanager
+def probe_installed() -> Iterator[Any]:
+    """The probe installed on the real lm-eval in this process for the block, then taken out."""
+    from probe.runtime import install, state
+
+    assert install.install()
+    try:
+        yield state.ACTIVE
+    finally:
+        install.uninstall()
