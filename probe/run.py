@@ -11,14 +11,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import uuid
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from probe.inject import sitecustomize_text
 from probe.lmeval_args import output_path_in
 from probe.reader.sidecar import read_sidecar
-from probe.runtime.contract import ENV_REPORT, ENV_RUN_ID, RESULT_DIR_VARS
+from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS
 from probe.runtime.log import PREFIX
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -49,13 +49,13 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
         env[RESULT_DIR_VARS[0]] = str(result)
         env[ENV_REPORT] = str(report)
-        # The run's identity, honoured by the command's processes (this process is their
-        # ancestor): the summary then tells this run's sidecar from a leftover one.
-        run_id = env[ENV_RUN_ID] = f"{uuid.uuid4().hex}.{os.getpid()}"
+        # A trip recorded before the command started is a leftover, not this command's. (Each
+        # lm-eval evaluation in the command has a run identity of its own, so time decides here.)
+        started = time.time()
         status = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}")
         if status is None:
             return 127
-        line = summary(result, report, -status if status < 0 else None, run_id)
+        line = summary(result, report, -status if status < 0 else None, started)
         if made is not None and any(made.iterdir()):
             line += f"; results kept in {made}"
         _say(line)
@@ -104,16 +104,16 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], started: st
             signal.signal(sig, handler)
 
 
-def summary(result_dir: Path, report: Path, ended_by: int | None = None, run_id: str | None = None) -> str:
-    """The summary line: what this run's trip record says, else what the probe's report says,
-    else what is known; ``ended_by`` is the signal that ended the command, if one did. A
-    sidecar whose ``run_id`` is not ``run_id`` (when given) is another run's, and is said so."""
+def summary(result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None) -> str:
+    """The summary line: what the command's trip record says, else what the probe's report says,
+    else what is known; ``ended_by`` is the signal that ended the command, if one did. A trip
+    recorded before ``started`` (when given) is a leftover of an earlier run, and is said so."""
     signalled = "" if ended_by is None else f"the command was ended by signal {ended_by} ({_signal_name(ended_by)})"
     sidecar = read_sidecar(result_dir)
     if sidecar.state == "unreadable":
         return f"summary: the sidecar is unreadable ({sidecar.error})" + (f"; {signalled}" if signalled else "")
     other = ""
-    if sidecar.state == "valid" and run_id is not None and sidecar.trip.get("run_id") != run_id:
+    if sidecar.state == "valid" and started is not None and sidecar.trip["tripped_at"] < started:
         other = f"; the sidecar {sidecar.path} is another run's, not this one's"
     elif sidecar.state == "valid":
         v = sidecar.trip

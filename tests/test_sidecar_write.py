@@ -88,21 +88,37 @@ def _trip(run_id: str, pid: int, when: float) -> dict:
 
 def test_a_paused_run_never_overwrites_the_next_runs_sidecar(tmp_path: Path) -> None:
     path = str(tmp_path / contract.SIDECAR_NAME)
-    paused = ownership.SidecarOwnership("a" * 32 + ".1")
-    paused.claim(path, _trip(paused.run_id, 11, 100.0))
+    paused, nxt = ownership.SidecarOwnership(), ownership.SidecarOwnership()
+    paused.claim(path, _trip("a" * 32 + ".1", 11, 100.0))
     # While it is paused, the next run moves its record aside and writes its own.
-    nxt = ownership.SidecarOwnership("b" * 32 + ".2")
-    assert "moved to" in nxt.claim(path, _trip(nxt.run_id, 22, 200.0))
+    assert "moved to" in nxt.claim(path, _trip("b" * 32 + ".2", 22, 200.0))
     where = paused.finalise({"short_circuited_requests": 5})
-    assert json.loads(Path(path).read_text())["verdict"]["run_id"] == nxt.run_id
+    assert json.loads(Path(path).read_text())["verdict"]["run_id"] == "b" * 32 + ".2"
     assert where != path and json.loads(Path(where).read_text())["final"] == {"short_circuited_requests": 5}
 
 
 def test_another_process_of_the_same_run_is_followed_not_overwritten(tmp_path: Path) -> None:
     path = str(tmp_path / contract.SIDECAR_NAME)
-    first = ownership.SidecarOwnership("c" * 32 + ".3")
-    first.claim(path, _trip(first.run_id, 1, 1.0))
-    second = ownership.SidecarOwnership(first.run_id)
-    assert "of this run" in second.claim(path, _trip(first.run_id, 2, 2.0))
+    first, second = ownership.SidecarOwnership(), ownership.SidecarOwnership()
+    first.claim(path, _trip("c" * 32 + ".3", 1, 1.0))
+    assert "of this run" in second.claim(path, _trip("c" * 32 + ".3", 2, 2.0))
     assert second.finalise({"x": 1}) is None
     assert json.loads(Path(path).read_text())["verdict"]["pid"] == 1
+
+
+LEAK = "d" * 32 + ".1"  # pid 1: an ancestor of every process
+
+
+def test_an_evaluation_never_inherits_an_identity_and_its_children_do(tmp_path: Path) -> None:
+    env = {contract.ENV_RUN_ID: LEAK}
+    assert contract.run_id(dict(env)) == LEAK  # a worker of that run
+    made = contract.run_id(env, fresh=True)  # an lm-eval evaluation starts its own run
+    assert made != LEAK and env[contract.ENV_RUN_ID] == made and made.endswith(f".{os.getpid()}")
+    child = subprocess.run(
+        [sys.executable, "-c", "from probe.runtime import contract; print(contract.run_id())"],
+        env={**os.environ, **env}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert child.stdout.strip() == made
+    # An identity whose maker is not an ancestor (leaked into a shell) is not honoured.
+    stranger = {contract.ENV_RUN_ID: "e" * 32 + ".999999999"}
+    assert contract.run_id(stranger) != "e" * 32 + ".999999999"

@@ -7,6 +7,7 @@ probe installed through the injected text only, as InferenceX installs it.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -181,3 +182,22 @@ def test_loglikelihood_requests_are_counted_apart(sim, probed) -> None:
                                         ctxlens=[1, 1]))  # fmt: skip
     document = probed.evidence_document()
     assert document["loglikelihood_requests"] == 2 and document["tasks"] == {}
+
+
+def test_two_evaluations_under_one_command_are_two_runs(sim, tmp_path) -> None:
+    """A script that runs lm-eval twice into one directory (the second run healthy): the
+    first run's trip never stands for the second, whose results are judged on their own."""
+    task = write_task(tmp_path / "t", 24)
+    never, healthy = sim("never_stop"), sim("healthy")
+    output = tmp_path / "out"
+    first = task.lm_eval_command(never.base_url, "sim", output, 2048, 8, model_args="max_retries=2")
+    second = task.lm_eval_command(healthy.base_url, "sim", output, 2048, 8, model_args="max_retries=2")
+    script = f"{shlex.join(first)} && sleep 1 && {shlex.join(second)}"
+    run = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", "bash", "-c", script],
+                         env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    trip = json.loads((output / contract.SIDECAR_NAME).read_text())["verdict"]
+    newest = max(output.glob("*/results_*.json"), key=lambda p: json.loads(p.read_text())["date"])
+    assert json.loads(newest.read_text())[EVIDENCE_KEY]["run_id"] != trip["run_id"]
+    (verdict,) = json.loads(read_cli(output, "--json").stdout)
+    assert (verdict["status"], verdict["score"], verdict["sidecar"]["state"]) == ("ok", 1.0, "another run's")

@@ -141,18 +141,21 @@ def settings_fingerprint(settings: Settings) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def run_id(environ: dict[str, str] | None = None) -> str:
-    """This run's identity: inherited from the process that started the run, else made here.
+def run_id(environ: dict[str, str] | None = None, fresh: bool = False) -> str:
+    """This run's identity: made here when ``fresh`` (this process runs an evaluation), else
+    inherited from the process that started the run, else made here.
 
-    A run is one lm-eval invocation and the processes it starts (data-parallel workers,
+    A run is one lm-eval evaluation and the processes it starts (data-parallel workers,
     for one); they share the identity through ``HYPERLOOM_EVAL_PROBE_RUN_ID``, which holds a
     random id and the pid of the process that made it. An inherited value counts only when
     that pid is this process or one of its ancestors, so a value leaked into a shell never
-    makes two runs look like one. A new identity is put into ``environ`` for children.
+    makes two runs look like one; and an evaluation never inherits one, so two lm-eval runs
+    started by one script or launcher never share it. A new identity is put into ``environ``
+    for children.
     """
     env = os.environ if environ is None else environ
     inherited = env.get(ENV_RUN_ID, "")
-    if _RUN_ID.fullmatch(inherited) and _is_ancestor_or_self(int(inherited.rsplit(".", 1)[1])):
+    if not fresh and _RUN_ID.fullmatch(inherited) and _is_ancestor_or_self(int(inherited.rsplit(".", 1)[1])):
         return inherited
     made = f"{uuid.uuid4().hex}.{os.getpid()}"
     env[ENV_RUN_ID] = made
@@ -172,7 +175,7 @@ def _is_ancestor_or_self(pid: int) -> bool:
                 # The command name (field 2) may hold spaces and parentheses: split after it.
                 current = int(handle.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
-            return True
+            return False  # cannot tell (no /proc): never honour an identity that may have leaked
     return False
 
 

@@ -23,8 +23,7 @@ class SidecarBlocked(OSError):
 class SidecarOwnership:
     """Claims the sidecar for this run; remembers what this process wrote so it can finalise it."""
 
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
+    def __init__(self) -> None:
         self.path: str | None = None  # once this process wrote the sidecar
         self.document: dict[str, Any] | None = None
 
@@ -36,6 +35,7 @@ class SidecarOwnership:
         """
         if self.path is not None:
             return f"sidecar (already written by this process): {self.path}"
+        ours = record_identity(document)[0]
         moved = ""
         for _ in range(3):  # each round either settles it or moves one foreign sidecar aside
             if write_sidecar_once(path, document):
@@ -47,9 +47,9 @@ class SidecarOwnership:
                     continue  # removed between our write and our read: try again
                 raise SidecarBlocked(f"{path} already holds {what}, not a sidecar of this run")
             run, pid, _ = record_identity(existing)
-            if run == self.run_id:
+            if run == ours:
                 return f"sidecar written by process {pid} of this run: {path}"
-            moved = f" (another run's sidecar was moved to {_move_aside(path, existing, self.run_id)})"
+            moved = f" (another run's sidecar was moved to {_move_aside(path, existing, ours)})"
         raise SidecarBlocked(f"{path} kept changing while this process tried to write it")
 
     def finalise(self, final: dict[str, Any]) -> str | None:

@@ -8,6 +8,7 @@ requests and requests into answers.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -35,16 +36,25 @@ class Probe:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.run_id = run_id()
+        self._run_id: str | None = None
         self.groups = Groups()
         self.tasks = TaskBook()
         self.loglikelihood_requests = 0
-        self.ownership = SidecarOwnership(self.run_id)
+        self.ownership = SidecarOwnership()
         self.errors = ErrorReports()
         self.gates = Gates()
 
+    @property
+    def run_id(self) -> str:
+        """This run's identity, settled on first use: lm-eval hands the model its requests (the
+        first use) from inside ``simple_evaluate``, which starts a run of its own."""
+        if self._run_id is None:
+            self._run_id = run_id(fresh=_evaluating_here())
+        return self._run_id
+
     def register(self, requests: Any) -> None:
         """Note the task of every generate request lm-eval hands the model (its Instances)."""
+        self.run_id  # noqa: B018 - settle the identity before the requests start workers
         entries = []
         for instance in requests:
             args = getattr(instance, "args", ())
@@ -174,6 +184,17 @@ class Probe:
                 "groups": [self._summary(group) for group in self.groups],
                 "loglikelihood_requests": self.loglikelihood_requests,
             }
+
+
+def _evaluating_here() -> bool:
+    """Whether lm-eval's ``simple_evaluate`` is running on this thread's stack: then this
+    process runs an evaluation, and is the origin of a run."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "simple_evaluate" and frame.f_globals.get("__name__") == "lm_eval.evaluator":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _evidence(group: Group) -> str:
