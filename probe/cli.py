@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import traceback
@@ -135,15 +136,29 @@ def _cmd_read(args: argparse.Namespace) -> int:
         print(f"eval-probe read: {args.result_dir} is not a directory", file=sys.stderr)
         return USAGE_ERROR
     options = (args.metric, not args.lower_is_better, args.max_cap_rate, args.cap_rate_fails)
+    if args.task is None:
+        verdicts = classify_all(args.result_dir, args.floor, *options)
+        shown: object = verdicts
+        text = table(verdicts)
+    else:
+        # The task at every InferenceX concurrency; one verdict in lm-eval's own layout.
+        verdicts = [v for v in classify_all(args.result_dir, args.floor, *options) if v["task"] == args.task]
+        verdicts = verdicts or [classify(args.result_dir, args.floor, args.task, *options)]
+        shown = verdicts[0] if len(verdicts) == 1 else verdicts
+        text = "\n\n".join(describe(v) for v in verdicts)
     # allow_nan=False: --json output is strict JSON for orchestrators; the reader never lets a
     # non-finite number into a verdict, and should one slip in, that is an internal error.
-    if args.task is not None:
-        verdict = classify(args.result_dir, args.floor, args.task, *options)
-        print(json.dumps(verdict, indent=2, allow_nan=False) if args.json else describe(verdict))
-        return exitcodes.READ_STATUS[verdict["status"]]
-    verdicts = classify_all(args.result_dir, args.floor, *options)
-    print(json.dumps(verdicts, indent=2, allow_nan=False) if args.json else table(verdicts))
+    _print(json.dumps(shown, indent=2, allow_nan=False) if args.json else text)
     return exitcodes.READ_STATUS[worst(verdicts)]
+
+
+def _print(text: str) -> None:
+    """Print ``text``; a reader that stopped reading (``| head``) is not an error of ours."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -122,3 +122,12 @@ def test_an_evaluation_never_inherits_an_identity_and_its_children_do(tmp_path: 
     # An identity whose maker is not an ancestor (leaked into a shell) is not honoured.
     stranger = {contract.ENV_RUN_ID: "e" * 32 + ".999999999"}
     assert contract.run_id(stranger) != "e" * 32 + ".999999999"
+
+
+def test_another_runs_record_with_an_absurd_time_is_still_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / contract.SIDECAR_NAME
+    path.write_text(json.dumps(_trip("a" * 32 + ".1", 1, 1e300)))
+    mine = ownership.SidecarOwnership()
+    assert "moved to" in mine.claim(str(path), _trip("b" * 32 + ".2", 2, 2.0))
+    assert json.loads(path.read_text())["verdict"]["pid"] == 2
+    assert [p.name for p in tmp_path.glob("*.stale-*")] == [f"{contract.SIDECAR_NAME}.stale-bad-time"]

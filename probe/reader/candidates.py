@@ -45,6 +45,7 @@ class Candidate:
     results: dict[str, Any] | None = None
     reason: str | None = None
     evidence: dict[str, Any] | None = None
+    subtasks: dict[str, list[str]] | None = None  # lm-eval's group_subtasks: group -> its tasks
 
 
 def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Candidate]:
@@ -122,6 +123,18 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
             raise Unreadable("no 'results' object")
         started = recorded_time(document.get("date"), now, "date")
         evidence = run_evidence(document)
+        subtasks = _subtasks(document.get("group_subtasks"))
     except Unreadable as error:
         return Candidate(path, concurrency, reason=f"cannot read {path}: {error}")
-    return Candidate(path, concurrency, started, document["results"], evidence=evidence)
+    return Candidate(path, concurrency, started, document["results"], evidence=evidence, subtasks=subtasks)
+
+
+def _subtasks(value: Any) -> dict[str, list[str]]:
+    """lm-eval's ``group_subtasks`` (a group's results row aggregates these tasks)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(tasks, list) and all(isinstance(t, str) for t in tasks) for tasks in value.values()
+    ):
+        raise Unreadable("'group_subtasks' is not an object of task lists")
+    return {group: list(tasks) for group, tasks in value.items() if tasks}

@@ -19,6 +19,7 @@ CAUSE_WORDS = {
     "length": "cap or window",
     "repetition": "repetition",
     "reasoning": "reasoning used up the budget",
+    "aborted": "ended by the server",
 }
 _COUNTS = ("generate_requests", "observations", "cut_off", "empty_answers", "short_circuited", "cancelled_in_flight")
 
@@ -37,6 +38,8 @@ def run_evidence(document: dict[str, Any]) -> dict[str, Any] | None:
     tasks = evidence.get("tasks")
     if not isinstance(tasks, dict) or not isinstance(evidence.get("tripped"), bool):
         raise Unreadable("the probe's evidence has no 'tasks' object or no 'tripped' flag")
+    if not _finite_everywhere(evidence):
+        raise Unreadable("the probe's evidence holds a number that is not finite (NaN or Infinity)")
     for name, figures in [*tasks.items(), ("(unattributed)", evidence.get("unattributed"))]:
         if figures is None and name == "(unattributed)":
             continue
@@ -53,12 +56,27 @@ def _figures_problem(figures: Any) -> str | None:
         value = figures.get(name)
         if type(value) is not int or value < 0:
             return f"has no count {name!r}"
-    causes = figures.get("causes")
-    if not isinstance(causes, dict) or any(type(v) is not int or v < 0 for v in causes.values()):
-        return "has no counts of causes"
+    for name in ("causes", "finish_reasons"):
+        counts = figures.get(name)
+        if not isinstance(counts, dict) or any(type(v) is not int or v < 0 for v in counts.values()):
+            return f"has no counts {name!r}"
+    caps = figures.get("max_tokens")
+    if not isinstance(caps, list) or any(type(m) is not int for m in caps):
+        return "has no list of max_tokens"
     if figures["cut_off"] > figures["observations"] or figures["empty_answers"] > figures["observations"]:
         return "counts more cut-off or empty answers than observations"
     return None
+
+
+def _finite_everywhere(value: Any) -> bool:
+    # The reader's JSON output is strict; the document is at most 64 levels deep (parse_json).
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite_everywhere(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite_everywhere(v) for v in value)
+    return True
 
 
 def cut_short(evidence: dict[str, Any] | None, trip: dict[str, Any] | None, final: dict[str, Any] | None) -> set[str]:
@@ -104,8 +122,8 @@ def caveat(
     bound = None
     if score is not None and 0.0 <= score <= 1.0:
         bound = min(1.0, score + cut / observed) if higher_is_better else max(0.0, score - cut / observed)
-    side = "lower" if higher_is_better else "upper"
-    text = f"the score is a {side} bound: {cut} of {observed} generations were cut off ({cause_text(figures)})" + (
+    side = "a lower" if higher_is_better else "an upper"
+    text = f"the score is {side} bound: {cut} of {observed} generations were cut off ({cause_text(figures)})" + (
         f"; had every cut-off answer been right it would be {bound:.4g}" if bound is not None else ""
     )
     return {"cut_off": cut, "observations": observed, "causes": dict(figures["causes"]), "bound": bound, "text": text}

@@ -139,7 +139,9 @@ class _Judge:
         tasks = [t for t in chosen.results if isinstance(chosen.results[t], dict)]
         if not tasks:
             return [self.unavailable(concurrency, chosen, f"no task in {chosen.path.name}")]
-        return [self.task(concurrency, chosen, name, trip, final, state, len(tasks)) for name in tasks]
+        verdicts = {name: self.task(concurrency, chosen, name, trip, final, state, len(tasks)) for name in tasks}
+        _groups_follow_their_tasks(verdicts, chosen.subtasks or {})
+        return list(verdicts.values())
 
     def _trip_of(self, chosen: Candidate) -> tuple[dict | None, dict | None, str]:
         """This run's trip record from the sidecar, if the sidecar is this run's."""
@@ -206,6 +208,26 @@ class _Judge:
         return decide("below_floor", f"the score is below the floor{notes}", cause)
 
 
+def _groups_follow_their_tasks(verdicts: dict[str, dict[str, Any]], subtasks: dict[str, list[str]]) -> None:
+    """A group's row aggregates its tasks' answers: it is never better than its worst task.
+
+    A group with a task the probe cut short is below_floor with that task's evidence; one
+    with an unavailable task is unavailable. (A task merely under the floor says nothing of
+    the group's own score.) Nested groups follow their subgroups.
+    """
+    for _ in range(len(subtasks)):  # enough rounds for any nesting
+        for group, members in subtasks.items():
+            verdict = verdicts.get(group)
+            judged = [v for m in members if (v := verdicts.get(m)) and (v["pathology"] or v["status"] == "unavailable")]
+            if verdict is None or not judged:
+                continue
+            bad = min(judged, key=lambda v: SEVERITY.index(v["status"]))
+            if SEVERITY.index(bad["status"]) >= SEVERITY.index(verdict["status"]):
+                continue
+            verdict.update(status=bad["status"], cause=bad["cause"], pathology=bad["pathology"],
+                           reason=f"its task {bad['task']!r} is {bad['status']} ({bad['reason']})")  # fmt: skip
+
+
 def _pathology(trip: dict | None, final: dict | None, figures: dict | None) -> dict[str, Any]:
     keys = (
         "pathology", "observations", "pathological", "ratio", "finish_reasons", "repetition", "max_tokens",
@@ -224,13 +246,20 @@ def _pathology(trip: dict | None, final: dict | None, figures: dict | None) -> d
     return found
 
 
+def _safe(value: object) -> str:
+    """``value`` as text a terminal shows as it is: control characters (a newline that would
+    forge a table row, an escape sequence) are written as escapes."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def describe(verdict: dict[str, Any]) -> str:
     """A human summary of one verdict: status, score, floor, file, caveat and evidence."""
-    what = f"{verdict['metric']} of {verdict['task']}" if verdict["task"] else "no task"
+    what = f"{_safe(verdict['metric'])} of {_safe(verdict['task'])}" if verdict["task"] else "no task"
     score = "none" if verdict["score"] is None else f"{verdict['score']:g}"
     side = "higher" if verdict["higher_is_better"] else "lower"
     lines = [
-        f"status:  {verdict['status']} ({verdict['reason']})",
+        f"status:  {verdict['status']} ({_safe(verdict['reason'])})",
         f"score:   {score} ({what}); floor {verdict['floor']:g}, {side} is better",
         f"results: {verdict['results_file'] or 'none found'}"
         + (f" (concurrency {verdict['concurrency']})" if verdict.get("concurrency") is not None else ""),
@@ -246,7 +275,7 @@ def describe(verdict: dict[str, Any]) -> str:
     found = verdict["pathology"]
     if found:
         lines.append(_pathology_text(found))
-    return "\n".join(lines)
+    return "\n".join(_safe(line) for line in lines)
 
 
 def _pathology_text(found: dict[str, Any]) -> str:
@@ -259,13 +288,20 @@ def _pathology_text(found: dict[str, Any]) -> str:
             f"{found['short_circuited_requests']} requests were then answered with empty strings without "
             f"contacting the server, and {found['cancelled_in_flight']} in-flight requests were cancelled."
         )
+    when = found["seconds_since_first_request"]
+    where = [
+        f"model {found['model']} at {found['base_url']}" if found["model"] else "",
+        f"lm-eval {found['lm_eval_version']}" if found["lm_eval_version"] else "",
+        f"probe settings {found['settings_fingerprint']}" if found["settings_fingerprint"] else "",
+    ]
+    context = ", ".join(w for w in where if w)
     return (
         f"evidence: the probe tripped on a generation pathology ({found['pathology']}, the model does not stop). "
         f"{found['pathological']} of {found['observations']} generations it observed ended at the max_tokens "
-        f"cap ({caps}) or by repetition (finish reasons: {reasons}), "
-        f"{found['seconds_since_first_request']} s after the first request. {after} "
-        f"Model {found['model']} at {found['base_url']}, lm-eval {found['lm_eval_version']}, "
-        f"probe settings {found['settings_fingerprint']}."
+        f"cap ({caps}) or by repetition (finish reasons: {reasons})"
+        + (f", {when} s after the first request" if when is not None else "")
+        + f". {after}"
+        + (f" {context[0].upper()}{context[1:]}." if context else "")
     )
 
 
@@ -281,12 +317,13 @@ def table(verdicts: list[dict[str, Any]]) -> str:
         for v in rows:
             score = "none" if v["score"] is None else f"{v['score']:.4g}"
             rate = "n/a" if v["cap_rate"] is None else f"{v['cap_rate']:.1%}"
-            cells.append((v["task"] or "-", v["metric"] or "-", score, v["status"], rate, v["cause"] or "-"))
+            cells.append(tuple(_safe(c) for c in (v["task"] or "-", v["metric"] or "-", score, v["status"], rate,
+                                                  v["cause"] or "-")))  # fmt: skip
         widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
         out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-        out += [f"  {v['task'] or '-'}: {v['status']} ({v['reason']})" for v in rows]
+        out += [_safe(f"  {v['task'] or '-'}: {v['status']} ({v['reason']})") for v in rows]
         found = next((v["pathology"] for v in rows if v["pathology"]), None)
         if found:
-            out.append(_pathology_text(found))
+            out.append(_safe(_pathology_text(found)))
         out.append("")
     return "\n".join(out).rstrip()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,13 @@ CONTEXT_WINDOW = "context_window"  # `length` with fewer tokens: vLLM's max_mode
 LENGTH = "length"  # `length` where the token count cannot be told (several prompts per request)
 REPETITION = "repetition"  # vLLM's repetition detector
 REASONING = "reasoning"  # at a cap with an empty answer while reasoning text is present
-CAUSES = (OUTPUT_CAP, CONTEXT_WINDOW, LENGTH, REPETITION, REASONING)
+ABORTED = "aborted"  # the server ended it: SGLang's abort, vLLM's error, TRT-LLM's timeout or cancelled
+CAUSES = (OUTPUT_CAP, CONTEXT_WINDOW, LENGTH, REPETITION, REASONING, ABORTED)
+_ABORT_REASONS = ("abort", "error", "timeout", "cancelled")
+# A finish_reason becomes a key in the evidence that lm-eval's results file carries: one a
+# server made up (a comma, a key a results reader looks for) is filed under OTHER_REASON.
+_REASON = re.compile(r"[a-z][a-z_]{0,31}")
+OTHER_REASON = "other"
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ def describe_choices(response: Any, max_tokens: int) -> list[Choice]:
             continue
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
-            label = reason
+            label = reason if _REASON.fullmatch(reason) else OTHER_REASON
         elif reason is None and tokens is not None:
             label = USAGE_AT_CAP if tokens >= max_tokens * len(choices) else USAGE_BELOW_CAP
         else:
@@ -65,7 +72,7 @@ def describe_choices(response: Any, max_tokens: int) -> list[Choice]:
         own_tokens = tokens if len(choices) == 1 else None
         answer, reasoning = _texts(choice)
         cause = _cause(label, own_tokens, max_tokens, answer, reasoning)
-        found.append(Choice(index, label, cause, not answer))
+        found.append(Choice(index, label, cause, not answer.strip()))
     return found
 
 
@@ -97,6 +104,8 @@ def _texts(choice: Mapping[str, Any]) -> tuple[str, str]:
 def _cause(label: str, tokens: int | None, max_tokens: int, answer: str, reasoning: str) -> str | None:
     if label == REPETITION:
         return REPETITION
+    if label in _ABORT_REASONS:
+        return ABORTED
     if label not in ("length", USAGE_AT_CAP):
         return None
     if not answer.strip() and reasoning.strip():

@@ -9,11 +9,18 @@ failed write: the caller cuts nothing short and says so.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from typing import Any
 
-from probe.runtime.sidecar import read_sidecar_at, record_identity, write_json_atomic, write_sidecar_once
+from probe.runtime.sidecar import (
+    NO_HARD_LINKS,
+    read_sidecar_at,
+    record_identity,
+    write_json_atomic,
+    write_sidecar_once,
+)
 
 
 class SidecarBlocked(OSError):
@@ -69,22 +76,32 @@ class SidecarOwnership:
 
 
 def _move_aside(path: str, existing: dict[str, Any], run_id: str) -> str:
-    """Rename another run's sidecar to a free ``PATH.stale-<time>-<n>``; return that name.
+    """Move another run's sidecar to a free ``PATH.stale-<time>[-n]``; return that name.
 
-    The name is checked free first and the file is checked after the move: if what moved
+    A hard link claims the new name (it fails rather than replace a file that appeared in
+    the meantime); the old name goes only while it is still that same file. If what moved
     turns out to be this run's (another process of this run wrote it in between), it is
     linked back, so no process of this run loses its record.
     """
     _, _, when = record_identity(existing)
-    base = f"{path}.stale-{int(when)}"
-    target = base
-    for n in range(1, 1000):
-        if not os.path.lexists(target):
+    stamp = int(when) if 0 <= when < 1e11 else "bad-time"  # a planted 1e300 makes no 300-digit name
+    for n in range(1000):
+        target = f"{path}.stale-{stamp}" + (f"-{n}" if n else "")
+        try:
+            os.link(path, target, follow_symlinks=False)
             break
-        target = f"{base}-{n}"
+        except FileExistsError:
+            continue
+        except OSError as error:
+            if error.errno not in NO_HARD_LINKS or os.path.lexists(target):
+                raise
+            os.rename(path, target)  # no hard links here: the name was just seen free
+            break
     else:
         raise SidecarBlocked(f"too many stale sidecars beside {path}")
-    os.rename(path, target)
+    with contextlib.suppress(FileNotFoundError):
+        if os.lstat(path).st_ino == os.lstat(target).st_ino:
+            os.unlink(path)
     moved, _ = read_sidecar_at(target)
     if moved is not None and record_identity(moved)[0] == run_id:
         try:

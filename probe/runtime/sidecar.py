@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -101,8 +102,32 @@ def write_sidecar_once(path: str, document: Mapping[str, Any]) -> bool:
         return True
     except FileExistsError:
         return False
+    except OSError as error:
+        if error.errno not in NO_HARD_LINKS:
+            raise
     finally:
         os.unlink(temp)
+    return _create_exclusively(path, document)
+
+
+# A file system without hard links (some network and FUSE mounts) answers os.link so.
+NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EMLINK}
+
+
+def _create_exclusively(path: str, document: Mapping[str, Any]) -> bool:
+    """The fallback where hard links do not work: create ``path`` exclusively (never through
+    a link) and write it there; a reader may see it half-written for a moment."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(document, out, indent=2, sort_keys=True)
+        out.write("\n")
+        out.flush()
+        os.fsync(out.fileno())
+    return True
 
 
 def write_json_atomic(path: str, document: Mapping[str, Any]) -> None:
