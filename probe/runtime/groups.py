@@ -48,6 +48,7 @@ class Request:
     is_evidence: bool
     observed: bool = False
     cancelled_by_probe: bool = False
+    backend: str = "api"  # which of lm-eval's backends made it: "api" or "vllm" (in-process)
 
 
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:

@@ -33,11 +33,13 @@ class Probe:
         self.errors = ErrorReports()
         self.gates = Gates()
 
-    def request(self, lm: Any, gen_kwargs: Any, n_answers: int, max_tokens: int | None) -> Request:
-        """Register one generate request of ``n_answers`` prompts."""
+    def request(
+        self, lm: Any, gen_kwargs: Any, n_answers: int, max_tokens: int | None, backend: str = "api"
+    ) -> Request:
+        """Register one generate request of ``n_answers`` prompts, made by ``backend``."""
         group = self.groups.get(gen_kwargs)
         is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
-        return Request(group, lm, n_answers, max_tokens or 0, is_evidence)
+        return Request(group, lm, n_answers, max_tokens or 0, is_evidence, backend=backend)
 
     def blanks(self, request: Request) -> list[str]:
         """The made-up answers of a short-circuited request (and count it)."""
@@ -61,13 +63,13 @@ class Probe:
         with self.groups.lock:
             group.tally.add(labels, request.max_tokens)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
-                self._trip(group, request.lm)
+                self._trip(group, request.lm, request.backend)
 
-    def _trip(self, group: Group, lm: Any) -> None:
+    def _trip(self, group: Group, lm: Any, backend: str = "api") -> None:
         path = os.path.abspath(sidecar_path())
         document = trip_document(
             group.tally.as_dict(), group.gen_kwargs, self.settings, self.groups.first_request_at,
-            lm_eval_version(), getattr(lm, "model", None), getattr(lm, "base_url", None),
+            lm_eval_version(), getattr(lm, "model", None), getattr(lm, "base_url", None), backend=backend,
         )  # fmt: skip
         try:
             where = self.ownership.claim(path, document)
