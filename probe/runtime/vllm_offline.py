@@ -1,33 +1,26 @@
 """Glue for lm-eval's in-process vLLM backend (``--model vllm``): invasive patches.
 
-lm-eval's ``VLLM.generate_until`` hands each chunk of prompts (all of a run's prompts with
-``--batch_size auto``) to ``_model_generate``, which calls ``LLM.generate``; vLLM then adds
-one engine request per prompt and loops ``llm_engine.step()`` until none is unfinished.
-Looking at what ``generate`` returns would be too late, so the probe works in that loop:
+lm-eval's ``VLLM._model_generate`` calls ``LLM.generate`` once per chunk of prompts (all of
+them with ``--batch_size auto``); vLLM adds one engine request per prompt, then loops
+``llm_engine.step()``. The probe works inside that loop, on the engine ``LLM`` keeps as
+``llm_engine`` (found by its methods, not by vLLM's version):
 
-- ``llm_engine.add_request`` tells it the engine's id of each prompt, in order;
-- ``llm_engine.step`` hands it every request as it finishes (its ``finish_reason`` and token
-  count against its ``max_tokens``), which is observed like an API response;
-- on a trip, ``llm_engine.abort_request`` ends every unfinished request of the tripped
-  group at once (freeing its KV cache), and each gets a blank answer in its place, so
-  lm-eval receives one answer per prompt, in order, and finishes normally;
-- a prompt of a group that tripped in an earlier chunk is never sent.
+- ``add_request`` gives the engine id of each prompt, in order;
+- ``step`` hands over each request as it finishes, observed like an API response;
+- on a trip, ``abort_request`` ends the tripped group's unfinished requests at once (their
+  KV cache is freed), and lm-eval gets a blank answer for each, in order.
 
-The engine is found by what it does, not by vLLM's version: whatever object ``LLM`` keeps
-as ``llm_engine`` and drives through those three methods (``_run_engine`` in
-``vllm/entrypoints/common/offline.py`` in 0.32). When it lacks them, or hooking it fails,
-one line says so and generation runs unprobed. Loglikelihood requests are never touched.
-
-``data_parallel_size > 1``: lm-eval then runs one engine per Ray worker, in processes that
-need not import lm-eval, so the probe cannot see inside them; generation runs unprobed,
-with one line that says so. Nothing in that path is changed.
+A prompt whose group tripped in an earlier chunk is never sent. When the engine lacks those
+methods, or hooking fails, one line says so and generation runs unprobed. Loglikelihood is
+never touched. ``data_parallel_size > 1`` runs one engine per Ray worker, in processes out of
+the probe's reach: generation then runs unprobed, with one line that says so.
 """
 
 from __future__ import annotations
 
 import contextvars
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +32,8 @@ from probe.runtime.log import say
 from probe.runtime.patching import is_ours, mark, replace, wrap
 
 BACKEND = "vllm"
-# What the probe needs from the engine that LLM.generate drives (see the module docstring).
 ENGINE_METHODS = ("add_request", "step", "abort_request")
+MODEL_GENERATE_PARAMETERS = ["self", "requests", "generate", "sampling_params"]
 # The vLLM releases the test suite runs against; others get one warning, and run probed.
 TESTED_VLLM = ((0, 32, 0), (0, 32, 0))
 
@@ -54,37 +47,33 @@ class OfflineModel:
 
 
 @dataclass
-class Prompts:
-    """The prompts of one ``generate_until`` call, as ``modify_gen_kwargs`` sees them.
-
-    lm-eval calls ``modify_gen_kwargs`` once per prompt of a chunk, in the chunk's order,
-    with that prompt's own ``gen_kwargs``; ``_model_generate`` then takes them, aligned with
-    its prompts. The task of a prompt is found through its ``gen_kwargs`` (each lm-eval
-    ``Instance`` holds its own dict).
-    """
-
-    task_of: dict[int, str | None]
-    pending: list[tuple[Any, str | None]] = field(default_factory=list)
-
-    def take(self) -> list[tuple[Any, str | None]]:
-        taken, self.pending = self.pending, []
-        return taken
-
-
-@dataclass
 class BlankOutput:
-    """Stands in for the ``RequestOutput`` of a request the probe aborted or never sent.
-
-    lm-eval reads only ``outputs[0].text``: a blank answer that both caches refuse.
-    """
+    """In place of the ``RequestOutput`` of a request the probe aborted or never sent:
+    lm-eval reads ``outputs[0].text``, a blank answer that both caches refuse."""
 
     request_id: str
     text: ShortCircuitAnswer = BLANK
-    finished: bool = True
 
     @property
     def outputs(self) -> list[BlankOutput]:
         return [self]
+
+
+@dataclass
+class Prompts:
+    """One ``generate_until`` call's prompts, in the order ``modify_gen_kwargs`` sees them:
+    once per prompt of a chunk, with the prompt's own ``gen_kwargs``, whose identity tells
+    its task (each lm-eval ``Instance`` holds its own dict)."""
+
+    task_of: dict[int, str | None]
+    gen_kwargs: list[Any] = field(default_factory=list)
+    tasks: list[str | None] = field(default_factory=list)  # aligned with gen_kwargs
+
+    def take(self) -> tuple[list[Any], list[str | None]]:
+        """The prompts seen since the last call, for the chunk about to be generated."""
+        taken = self.gen_kwargs, self.tasks
+        self.gen_kwargs, self.tasks = [], []
+        return taken
 
 
 @dataclass
@@ -95,55 +84,60 @@ class EngineCall:
     engine: Any
     requests: list[Request]
     ids: list[str] = field(default_factory=list)  # engine request ids, in the order added
+    index: dict[str, int] = field(default_factory=dict)  # made once: the engine steps thousands of times
     finished: set[str] = field(default_factory=set)
     aborted: set[str] = field(default_factory=set)
-    handled: set[int] = field(default_factory=set)  # ids of tripped groups already aborted
-    index: dict[str, int] = field(default_factory=dict)  # engine request id -> prompt
-
-    def added(self, request_id: Any) -> None:
-        if len(self.ids) < len(self.requests):
-            self.ids.append(str(request_id))
+    handled: set[int] = field(default_factory=set)  # the tripped groups already aborted
 
     def after_step(self, outputs: Any) -> None:
-        """Observe the requests that finished in this step; abort a tripped group's others."""
-        if len(self.ids) != len(self.requests):
-            return  # not one id per prompt: nothing can be told apart, so nothing is touched
-        if not self.index:  # made once: the engine steps thousands of times per call
-            self.index = {request_id: i for i, request_id in enumerate(self.ids)}
+        """Observe the requests that finished in this step, then abort what a trip ends."""
+        if len(self.ids) != len(self.requests):  # nothing can be told apart: nothing is touched
+            self.unplaced(f"{len(self.ids)} engine requests for {len(self.requests)} prompts")
+            return
+        self.index = self.index or {request_id: i for i, request_id in enumerate(self.ids)}
         tripped: list[Group] = []
         for output in outputs or ():
+            if not getattr(output, "finished", False):
+                continue
             i = self.index.get(str(getattr(output, "request_id", None)))
-            if i is None or not getattr(output, "finished", False) or self.ids[i] in self.finished:
+            if i is None:
+                self.unplaced(f"a finished request with the unknown id {getattr(output, 'request_id', None)!r}")
+                continue
+            if self.ids[i] in self.finished:
                 continue
             self.finished.add(self.ids[i])
-            request = self.requests[i]
-            self.probe.observe(request, as_response(output))
-            if request.group.tripped and id(request.group) not in self.handled:
-                tripped.append(request.group)
-        for group in tripped:
-            self.handled.add(id(group))
+            group = self.requests[i].group
+            self.probe.observe(self.requests[i], as_response(output))
+            if group.tripped and id(group) not in self.handled:
+                self.handled.add(id(group))
+                tripped.append(group)
+        for group in tripped:  # after the whole step: what finished in it keeps its answer
             self.abort(group)
+
+    def unplaced(self, what: str) -> None:
+        self.probe.errors.once(
+            "vllm unplaced", f"cannot match vLLM's engine requests to lm-eval's prompts ({what}); not observed"
+        )
 
     def abort(self, group: Group) -> None:
         """End every unfinished request of ``group`` in the engine, at once."""
         doomed = [
             request_id
             for request_id, request in zip(self.ids, self.requests, strict=True)
-            if request.group is group and request_id not in self.finished and request_id not in self.aborted
+            if request.group is group and request_id not in self.finished
         ]
-        if not doomed:
-            return
-        self.engine.abort_request(doomed)
-        self.aborted.update(doomed)
-        with self.probe.groups.lock:
-            group.cancelled += len(doomed)
+        if doomed:
+            self.engine.abort_request(doomed)
+            self.aborted.update(doomed)
+            with self.probe.groups.lock:
+                group.cancelled += len(doomed)
 
-    def answers(self, outputs: Sequence[Any]) -> list[Any]:
-        """``outputs`` with a blank stand-in for each aborted request, in prompt order."""
+    def answers(self, outputs: list[Any]) -> list[Any]:
+        """``outputs`` with a blank in place of each aborted request, in prompt order."""
         if not self.aborted:
-            return list(outputs)
+            return outputs
         by_id = {str(getattr(output, "request_id", None)): output for output in outputs}
-        answers: list[Any] = []
+        answers = []
         for request_id, request in zip(self.ids, self.requests, strict=True):
             if request_id in self.aborted:
                 self.probe.blanks(request)
@@ -165,12 +159,11 @@ def as_response(output: Any) -> dict[str, Any]:
     }
 
 
-# The generate_until call and the engine call running now. lm-eval drives vLLM's offline
-# engine from one thread, but a context variable keeps any other caller's engine untouched.
+# The generate_until call and the engine call running now; any other use of an engine
+# (another LLM object, another thread) finds them unset and is left alone.
 _PROMPTS: contextvars.ContextVar[Prompts | None] = contextvars.ContextVar("lm_eval_probe_prompts", default=None)
 _CALL: contextvars.ContextVar[EngineCall | None] = contextvars.ContextVar("lm_eval_probe_engine_call", default=None)
-# Engine classes that could not be hooked: said once, never retried.
-_UNHOOKABLE: set[type] = set()
+_UNHOOKABLE: set[type] = set()  # engine classes that could not be hooked: said once, not retried
 
 
 def _probed_generate_until(original: Callable) -> Callable:
@@ -194,116 +187,81 @@ def _recording_modify_gen_kwargs(original: Callable) -> Callable:
     def modify_gen_kwargs(gen_kwargs: Any, *args: Any, **kwargs: Any) -> Any:
         prompts = _PROMPTS.get()
         if prompts is not None:
-            prompts.pending.append((gen_kwargs, prompts.task_of.get(id(gen_kwargs))))
+            prompts.gen_kwargs.append(gen_kwargs)
+            prompts.tasks.append(prompts.task_of.get(id(gen_kwargs)))
         return original(gen_kwargs, *args, **kwargs)
 
     return mark(modify_gen_kwargs, original)
 
 
 def _probed_model_generate(original: Callable) -> Callable:
-    def _model_generate(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
-        probe, plan = _plan(self, original, requests, args, kwargs)
-        if plan is None:
-            return original(self, requests, *args, **kwargs)
-        return _generate(probe, plan, original, self, requests, args, kwargs)
+    def _model_generate(
+        self: Any, requests: Any = None, generate: bool = False, sampling_params: Any = None, **kwargs: Any
+    ) -> Any:
+        prompts = _PROMPTS.get()
+        gen_kwargs, tasks = prompts.take() if prompts is not None else ([], [])
+        probe, watched = state.ACTIVE, None
+        if probe is not None and generate and isinstance(sampling_params, list):
+            watched = _watch(probe, self, requests, sampling_params, gen_kwargs, tasks)
+        if probe is None or watched is None:  # unprobed: loglikelihood, the probe off, or as _watch said
+            return original(self, requests, generate, sampling_params, **kwargs)
+        engine, planned = watched
+        answers: list[Any] = [BlankOutput(f"not-sent-{i}") for i in range(len(requests))]
+        send = []
+        for i, request in enumerate(planned):
+            if request.group.tripped:  # in an earlier chunk: never sent
+                probe.blanks(request)
+            else:
+                send.append(i)
+        if send:
+            call = EngineCall(probe, engine, [planned[i] for i in send])
+            token = _CALL.set(call)
+            try:
+                sent = [requests[i] for i in send]
+                outputs = original(self, sent, generate, [sampling_params[i] for i in send], **kwargs)
+            finally:
+                _CALL.reset(token)
+            for i, answer in zip(send, call.answers(list(outputs)), strict=True):
+                answers[i] = answer
+        return answers
 
     return mark(_model_generate, original)
 
 
-@dataclass
-class Plan:
-    """What the probe does with one chunk: its requests, and which prompts go to the engine."""
-
-    engine: Any
-    requests: list[Request]
-    sampling_params: list[Any]
-    send: list[int]  # indices of the prompts whose group has not tripped
-    tasks: list[str | None]  # the task of each prompt (lm-eval's Instance.task_name)
-
-
-def _plan(
-    lm: Any, original: Callable, requests: Any, args: tuple, kwargs: dict
-) -> tuple[state.Probe | None, Plan | None]:
-    """The probe and its plan for this chunk; (probe, None) when the chunk runs unprobed."""
-    probe = state.ACTIVE
-    prompts = _PROMPTS.get()
-    if probe is None:
-        return None, None
+def _watch(
+    probe: state.Probe, lm: Any, prompts: Any, params: list, gen_kwargs: list, tasks: list
+) -> tuple[Any, list[Request]] | None:
+    """The hooked engine and this chunk's requests, registered; None when it runs unprobed."""
     try:
-        bound = inspect.signature(original).bind(lm, requests, *args, **kwargs).arguments
-        sampling_params = bound.get("sampling_params")
-        if not bound.get("generate") or not isinstance(sampling_params, list):
-            return probe, None  # loglikelihood: emits no tokens, never touched
-        pending = prompts.take() if prompts is not None else []
         if getattr(lm, "data_parallel_size", 1) > 1:
             probe.errors.once(
                 "vllm data parallel",
                 "data_parallel_size > 1: lm-eval runs one vLLM engine per Ray worker, out of the "
                 "probe's reach; generation runs unprobed",
             )
-            return probe, None
-        if len(pending) != len(requests) or len(sampling_params) != len(requests):
+            return None
+        if not len(gen_kwargs) == len(tasks) == len(params) == len(prompts):
             probe.errors.once(
                 "vllm prompts",
-                f"cannot tell the settings of each prompt ({len(pending)} for {len(requests)} prompts); "
-                "this lm-eval's vLLM backend runs unprobed",
+                f"cannot tell the settings of each prompt ({len(gen_kwargs)} for {len(prompts)} prompts); "
+                "lm-eval's vLLM backend runs unprobed",
             )
-            return probe, None
+            return None
         engine = _hook_engine(probe, getattr(lm, "model", None))
         if engine is None:
-            return probe, None
-        model = OfflineModel(_model_name(lm))
-        tasks = [task for _, task in pending]  # aligned with the prompts, like sampling_params
-        planned = []
-        for i, params in enumerate(sampling_params):
-            max_tokens = getattr(params, "max_tokens", None)
+            return None
+        model_args = getattr(lm, "model_args", None)
+        model = OfflineModel(str(model_args.get("model")) if isinstance(model_args, dict) else None)
+        requests = []
+        for i, sampling in enumerate(params):
             # per-task: tasks=[tasks[i]]
-            planned.append(probe.request(model, pending[i][0], 1, max_tokens, backend=BACKEND))
-        send = [i for i, request in enumerate(planned) if not request.group.tripped]
-        return probe, Plan(engine, planned, sampling_params, send, tasks)
+            requests.append(
+                probe.request(model, gen_kwargs[i], 1, getattr(sampling, "max_tokens", None), backend=BACKEND)
+            )
+        return engine, requests
     except Exception as error:
         probe.errors.report("vllm _model_generate", error)
-        return probe, None
-
-
-def _generate(
-    probe: state.Probe, plan: Plan, original: Callable, lm: Any, requests: Any, args: tuple, kwargs: dict
-) -> list[Any]:
-    """Run the chunk's untripped prompts through the engine, watched; blanks for the rest."""
-    answers: list[Any] = [None] * len(plan.requests)
-    sent_indices = set(plan.send)
-    for i, request in enumerate(plan.requests):
-        if i not in sent_indices:
-            probe.blanks(request)
-            answers[i] = BlankOutput(f"lm-eval-probe-{i}")
-    if plan.send:
-        call = EngineCall(probe, plan.engine, [plan.requests[i] for i in plan.send])
-        sent = [requests[i] for i in plan.send]
-        params = [plan.sampling_params[i] for i in plan.send]
-        args, kwargs = _with_sampling_params(original, lm, sent, args, kwargs, params)
-        token = _CALL.set(call)
-        try:
-            outputs = original(lm, sent, *args, **kwargs)
-        finally:
-            _CALL.reset(token)
-        for i, answer in zip(plan.send, call.answers(outputs), strict=True):
-            answers[i] = answer
-    return answers
-
-
-def _with_sampling_params(
-    original: Callable, lm: Any, requests: Any, args: tuple, kwargs: dict, params: list[Any]
-) -> tuple[tuple, dict]:
-    """The call's arguments with ``sampling_params`` replaced, wherever it was passed."""
-    bound = inspect.signature(original).bind(lm, requests, *args, **kwargs)
-    bound.arguments["sampling_params"] = params
-    return bound.args[2:], bound.kwargs
-
-
-def _model_name(lm: Any) -> str | None:
-    model_args = getattr(lm, "model_args", None)
-    name = model_args.get("model") if isinstance(model_args, dict) else None
-    return str(name) if name is not None else None
+        return None
 
 
 def _observing_step(original: Callable) -> Callable:
@@ -324,18 +282,16 @@ def _recording_add_request(original: Callable) -> Callable:
     def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
         added = original(self, request_id, *args, **kwargs)
         call = _CALL.get()
-        if call is not None and call.engine is self:
-            call.added(request_id)
+        if call is not None and call.engine is self and len(call.ids) < len(call.requests):
+            call.ids.append(str(request_id))
         return added
 
     return mark(add_request, original)
 
 
 def _hook_engine(probe: state.Probe, llm: Any) -> Any:
-    """The engine ``llm`` drives, with its class hooked (once); None when it cannot be.
-
-    Hooked at the first generate call, because only then is the engine's class known.
-    """
+    """The engine ``llm`` drives, its class hooked (once; only now is the class known);
+    None, said once, when it cannot be."""
     engine = getattr(llm, "llm_engine", None)
     cls = type(engine)
     if cls in _UNHOOKABLE:
@@ -344,8 +300,8 @@ def _hook_engine(probe: state.Probe, llm: Any) -> Any:
         missing = [name for name in ENGINE_METHODS if not callable(getattr(engine, name, None))]
         if missing:
             raise LookupError(f"{cls.__module__}.{cls.__qualname__} has no {', '.join(missing)}")
-        _wrap_along_mro(cls, "step", _observing_step)
-        _wrap_along_mro(cls, "add_request", _recording_add_request)
+        for name, make in (("step", _observing_step), ("add_request", _recording_add_request)):
+            wrap(next(c for c in cls.__mro__ if name in c.__dict__), name, make)
         _warn_untested_vllm(probe)
         return engine
     except Exception as error:
@@ -354,29 +310,17 @@ def _hook_engine(probe: state.Probe, llm: Any) -> Any:
         return None
 
 
-def _wrap_along_mro(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
-    """Wrap ``name`` where ``cls`` finds it: on the class along its MRO that defines it."""
-    for owner in cls.__mro__:
-        if name in owner.__dict__:
-            wrap(owner, name, make)
-            return
-
-
 def _warn_untested_vllm(probe: state.Probe) -> None:
-    try:
-        import vllm
+    import vllm
 
-        version = str(vllm.__version__)
-    except Exception:
-        return
+    version = str(getattr(vllm, "__version__", "unknown"))
     found = version_tuple(version)
-    low, high = TESTED_VLLM
-    if found is None or not (low <= found[:3] <= high):
-        text = " to ".join(dict.fromkeys(".".join(map(str, v)) for v in TESTED_VLLM))
+    if found is None or not (TESTED_VLLM[0] <= found[:3] <= TESTED_VLLM[1]):
+        tested = " to ".join(dict.fromkeys(".".join(map(str, v)) for v in TESTED_VLLM))
         probe.errors.once(
             "vllm version",
-            f"vLLM {version} is outside the releases this probe was tested with ({text}); the probe stays "
-            "active, but check its findings, and report a problem if you see one",
+            f"vLLM {version} is outside the releases this probe was tested with ({tested}); the probe "
+            "stays active, but check its findings, and report a problem if you see one",
         )
 
 
@@ -396,22 +340,23 @@ def is_installed(vllm_causallms: Any) -> bool:
 
 
 def install_vllm(vllm_causallms: Any) -> None:
-    """Patch lm-eval's ``VLLM`` backend (idempotent); the engine is hooked at its first use.
+    """Patch lm-eval's ``VLLM`` backend (idempotent); its engine is hooked at first use.
 
-    Raises LookupError when lm-eval's module lacks what the probe hooks; nothing is
-    patched then.
+    Raises LookupError, having patched nothing, when lm-eval's module lacks what is hooked.
     """
     cls = vllm_causallms.VLLM
-    needed = ("generate_until", "_model_generate", "modify_gen_kwargs")
-    missing = [name for name in needed if name not in cls.__dict__]
-    if missing or not callable(getattr(vllm_causallms, "postprocess_generated_text", None)):
-        raise LookupError(f"lm-eval's VLLM class has no {', '.join(missing) or 'postprocess_generated_text'}")
+    generate = cls.__dict__.get("_model_generate")
+    modify = cls.__dict__.get("modify_gen_kwargs")
+    if not (
+        "generate_until" in cls.__dict__
+        and inspect.isfunction(generate)
+        and list(inspect.signature(generate).parameters)[:4] == MODEL_GENERATE_PARAMETERS
+        and isinstance(modify, staticmethod)
+        and callable(getattr(vllm_causallms, "postprocess_generated_text", None))
+    ):
+        raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
     wrap(cls, "generate_until", _probed_generate_until)
     wrap(cls, "_model_generate", _probed_model_generate)
-    raw = cls.__dict__["modify_gen_kwargs"]
-    if not is_ours(raw):
-        if isinstance(raw, staticmethod):
-            replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(raw.__func__)))
-        else:
-            raise LookupError("lm-eval's VLLM.modify_gen_kwargs is not a static method")
+    if not is_ours(modify):
+        replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
     wrap(vllm_causallms, "postprocess_generated_text", _keeping_made_up_answers)
