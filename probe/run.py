@@ -89,7 +89,7 @@ def summary(result_dir: Path, report: Path) -> str:
     try:
         observed = json.loads(report.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return "summary: the probe did not trip, and no lm-eval API model ran under it (nothing observed)"
+        return "summary: the probe did not trip, and no lm-eval model it watches ran under it (nothing observed)"
     groups = observed.get("groups", [])
     seen = sum(g["observations"] for g in groups)
     bad = sum(g["pathological"] for g in groups)
