@@ -68,11 +68,18 @@ def install_module(module: Any) -> bool:
     return INSTALLERS[module.__name__](module)
 
 
+# Knob warnings already said: lm-eval 0.4.9.x imports both modules in INSTALLERS, and a
+# bad value is one mistake, so it gets one line.
+_WARNED: set[str] = set()
+
+
 def _activate() -> bool:
     """Make the process's probe on first use, and guard both cache layers; False when off."""
     settings, warnings = read_settings()
     for warning in warnings:
-        say(warning)
+        if warning not in _WARNED:
+            _WARNED.add(warning)
+            say(warning)
     if not settings.enabled:
         return False
     from lm_eval.api import model as api_model
@@ -91,6 +98,7 @@ def uninstall() -> None:
     """Restore every patched original and forget the probe's state."""
     restore_all()
     state.ACTIVE = None
+    _WARNED.clear()
 
 
 class _InstallingLoader:
