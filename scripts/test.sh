@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything, then run the whole test suite: lint, every test against lm-eval
-# 0.4.13 (the end-to-end tests on real vLLM included), and every test but the vLLM ones
-# against lm-eval 0.4.9.2 and 0.4.12. Extra arguments go to every pytest run.
+# 0.4.13 (the end-to-end tests on real vLLM, served and in-process, included), and every
+# test but the vLLM ones against lm-eval 0.4.9.2 and 0.4.12. Extra arguments go to every
+# pytest run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh all
@@ -16,5 +17,5 @@ echo "== tests against lm-eval 0.4.9.2 (the release InferenceX pins)"
 echo "== tests against lm-eval 0.4.12 (null content becomes a cached placeholder)"
 .venv-lm-eval-0.4.12/bin/python -m pytest -m "not vllm" -p no:cacheprovider "$@"
 
-echo "== tests against lm-eval 0.4.13, with the vLLM end-to-end test"
+echo "== tests against lm-eval 0.4.13, with the end-to-end tests on real vLLM"
 LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -7,7 +7,6 @@ LM_EVAL_PROBE_VLLM_PYTHON. Deselect with ``-m "not vllm"`` where there is none.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,14 +14,14 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
+from support.vllm import SCRIPTS, answers, tiny_llama, vllm_python
 
 from probe.demo.localtask import offline_env, write_task
 from probe.demo.servercounters import vllm_metrics
 from probe.runtime import contract
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-import vllm_server  # noqa: E402
+import vllm_server
 
 pytestmark = pytest.mark.vllm
 MAX_TOKENS = 1024
@@ -31,21 +30,12 @@ CONCURRENCY = 16
 
 
 @pytest.fixture(scope="module")
-def vllm_python() -> str:
-    python = os.environ.get("LM_EVAL_PROBE_VLLM_PYTHON")
-    if not python or not Path(python).exists():
-        pytest.fail("LM_EVAL_PROBE_VLLM_PYTHON must name the vLLM environment's Python (scripts/test.sh sets it)")
-    return python
-
-
-@pytest.fixture(scope="module")
 def task(tmp_path_factory):
     return write_task(tmp_path_factory.mktemp("task"), DOCS)
 
 
 def serve(variant: str, python: str, root: Path) -> Iterator[vllm_server.Server]:
-    model = root / variant
-    subprocess.run([python, str(SCRIPTS / "tiny_llama.py"), str(model), "--variant", variant], check=True)
+    model = tiny_llama(python, root / variant, variant)
     server = vllm_server.start(model, variant, python, log=root / f"vllm-{variant}.log")
     try:
         yield server
@@ -54,13 +44,13 @@ def serve(variant: str, python: str, root: Path) -> Iterator[vllm_server.Server]
 
 
 @pytest.fixture(scope="module")
-def never_stop(vllm_python, tmp_path_factory):
-    yield from serve("never_stop", vllm_python, tmp_path_factory.mktemp("vllm"))
+def never_stop(tmp_path_factory):
+    yield from serve("never_stop", vllm_python(), tmp_path_factory.mktemp("vllm"))
 
 
 @pytest.fixture(scope="module")
-def stops(vllm_python, tmp_path_factory):
-    yield from serve("stops", vllm_python, tmp_path_factory.mktemp("vllm"))
+def stops(tmp_path_factory):
+    yield from serve("stops", vllm_python(), tmp_path_factory.mktemp("vllm"))
 
 
 def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.CompletedProcess, float]:
@@ -73,12 +63,6 @@ def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.Compl
     run = subprocess.run(command, env=offline_env(None), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return run, vllm_metrics(server.base_url)["generation_tokens"] - before
-
-
-def answers(output: Path) -> list[str]:
-    (samples,) = output.glob("*/samples_*.jsonl")
-    rows = [json.loads(line) for line in samples.read_text().splitlines()]
-    return [row["resps"][0][0] for row in sorted(rows, key=lambda r: r["doc_id"])]
 
 
 def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path) -> None:

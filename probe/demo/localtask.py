@@ -93,6 +93,24 @@ class LocalTask:
             *extra,
         ]  # fmt: skip
 
+    def lm_eval_vllm_arguments(
+        self, model: Path, output: Path, max_tokens: int, max_num_seqs: int, *extra: str
+    ) -> list[str]:
+        """lm-eval's arguments (after ``python -m lm_eval``) for this task on its in-process vLLM
+        backend (``--model vllm``), with every prompt in one ``LLM.generate`` call
+        (``--batch_size auto``) and vLLM's counters kept (``disable_log_stats=False``).
+
+        ``max_num_seqs`` bounds the requests vLLM runs at once: the waves of a run.
+        """
+        model_args = (
+            f"pretrained={model},dtype=float32,max_model_len=2048,max_num_seqs={max_num_seqs},"
+            "enforce_eager=True,disable_log_stats=False"
+        )
+        return [
+            "--model", "vllm", "--model_args", model_args, "--batch_size", "auto", "--tasks", str(self.yaml),
+            "--output_path", str(output), "--gen_kwargs", f"max_gen_toks={max_tokens}", *extra,
+        ]  # fmt: skip
+
 
 _STYLES = {
     TASK: ("Question:", '["\\n\\n", "Question:"]'),

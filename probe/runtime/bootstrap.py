@@ -2,16 +2,19 @@
 
 Every such process compiles it from source (InferenceX sets PYTHONDONTWRITEBYTECODE=1),
 and compiling costs about 0.3 ms per kilobyte of code here, so it stays this small. It
-only registers a finder that waits for lm-eval's API module; the runtime's modules (handed
-over packed: their sources as JSON, compressed, in base85, so that the file to compile stays
-small) are unpacked and compiled then, as the private package ``_hyperloom_eval_probe``,
-and install themselves right after that module has run.
+only registers a finder that waits for lm-eval's API module and its in-process vLLM module
+(``--model vllm``; lm-eval 0.4.13 imports model modules lazily, so either may come alone);
+the runtime's modules (handed over packed: their sources as JSON, compressed, in base85, so
+that the file to compile stays small) are unpacked and compiled when the first of them is
+imported, as the private package ``_hyperloom_eval_probe``, and install themselves right
+after that module has run.
 """
 
 import sys
 
 PACKAGE = "_hyperloom_eval_probe"
-TARGET = "lm_eval.models.api_models"
+# The runtime's install.INSTALLERS says what installs on each.
+TARGETS = ("lm_eval.models.api_models", "lm_eval.models.vllm_causallms")
 
 
 class EmbeddedRuntime:
@@ -61,16 +64,19 @@ def load_runtime(packed: str, origin: str) -> object:
 
 
 class WaitForLmEval:
-    """A meta-path finder that hands the import of TARGET over to the runtime, once."""
+    """A meta-path finder that hands the import of each of TARGETS over to the runtime, once."""
 
-    def __init__(self, packed: str, origin: str) -> None:
+    def __init__(self, packed: str, origin: str, waiting: list) -> None:
         self.packed = packed
         self.origin = origin
+        self.waiting = waiting
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
-        if fullname != TARGET:
+        if fullname not in self.waiting:
             return None
-        sys.meta_path.remove(self)
+        self.waiting.remove(fullname)
+        if not self.waiting:
+            sys.meta_path.remove(self)
         runtime = load_runtime(self.packed, self.origin)
         return runtime.installing_spec(fullname, path, target) if runtime else None
 
@@ -88,9 +94,11 @@ def boot(packed: str, origin: str, chain_source: str = "") -> None:
     if getattr(sys, "_lm_eval_probe_booted", False):
         return  # installed twice (appended twice, or loaded two ways): act once
     sys._lm_eval_probe_booted = True
-    if TARGET not in sys.modules:
-        sys.meta_path.insert(0, WaitForLmEval(packed, origin))
-        return
-    runtime = load_runtime(packed, origin)
-    if runtime:
-        runtime.install(sys.modules[TARGET])
+    waiting = [name for name in TARGETS if name not in sys.modules]
+    if waiting:
+        sys.meta_path.insert(0, WaitForLmEval(packed, origin, waiting))
+    if len(waiting) < len(TARGETS):
+        runtime = load_runtime(packed, origin)
+        for name in TARGETS:
+            if runtime and name not in waiting:
+                runtime.install_module(sys.modules[name])

@@ -49,6 +49,7 @@ class Request:
     is_evidence: bool
     observed: bool = False
     cancelled_by_probe: bool = False
+    backend: str = "api"  # which of lm-eval's backends made it: "api" or "vllm" (in-process)
 
     @property
     def n_answers(self) -> int:

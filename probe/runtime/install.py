@@ -1,8 +1,8 @@
 """Installing the runtime into lm-eval, and taking it out again.
 
-The start-up stub (``bootstrap``) calls :func:`installing_spec` when lm-eval's API module is
-first imported, or :func:`install` at once when it already is. Both are idempotent and never
-raise: an error is reported once and lm-eval runs unprobed.
+The start-up stub (``bootstrap``) calls :func:`installing_spec` when lm-eval's API module or
+its vLLM module is first imported, or :func:`install_module` at once when it already is. All
+are idempotent and never raise: an error is reported once and lm-eval runs unprobed.
 """
 
 from __future__ import annotations
@@ -21,32 +21,19 @@ from probe.runtime.patching import restore_all
 from probe.runtime.results import carry_evidence
 from probe.runtime.sidecar import write_json_atomic
 from probe.runtime.versions import lm_eval_version, untested_warning
+from probe.runtime.vllm_offline import install_vllm as install_offline_vllm
+from probe.runtime.vllm_offline import is_installed as is_vllm_installed
 
 
 def install(api_models: Any = None) -> bool:
     """Patch lm-eval's API models; True when the probe is active afterwards."""
     try:
-        settings, warnings = read_settings()
-        for warning in warnings:
-            say(warning)
-        if not settings.enabled:
+        if not _activate():
             return False
         if api_models is None:
             import lm_eval.models.api_models as api_models
-        from lm_eval.api import model as api_model
-        from lm_eval.loggers import evaluation_tracker
-
-        if is_installed(api_models):
-            return True
-        if state.ACTIVE is None:
-            warning = untested_warning(lm_eval_version())
-            if warning:
-                say(warning)
-            state.ACTIVE = state.Probe(settings)
-            atexit.register(_finalise_at_exit)
-        install_api(api_models)
-        guard_caches(api_model)
-        carry_evidence(evaluation_tracker)
+        if not is_installed(api_models):
+            install_api(api_models)
         return True
     except Exception as error:
         say(f"could not install ({error!r}); lm-eval runs unprobed")
@@ -54,14 +41,71 @@ def install(api_models: Any = None) -> bool:
         return False
 
 
+def install_vllm(vllm_causallms: Any = None) -> bool:
+    """Patch lm-eval's in-process vLLM backend (``--model vllm``); True when it is probed.
+
+    A failure here is reported once and leaves the API models' patches as they are: only
+    this backend runs unprobed.
+    """
+    try:
+        if not _activate():
+            return False
+        if vllm_causallms is None:
+            import lm_eval.models.vllm_causallms as vllm_causallms
+        if not is_vllm_installed(vllm_causallms):
+            install_offline_vllm(vllm_causallms)
+        return True
+    except Exception as error:
+        say(f"could not install on lm-eval's vLLM backend ({error!r}); it runs unprobed")
+        return False
+
+
+# What the start-up stub waits for (bootstrap.TARGETS), and what installs on each.
+INSTALLERS = {"lm_eval.models.api_models": install, "lm_eval.models.vllm_causallms": install_vllm}
+
+
+def install_module(module: Any) -> bool:
+    """Install on one of the modules in :data:`INSTALLERS`, whichever ``module`` is."""
+    return INSTALLERS[module.__name__](module)
+
+
+# Knob warnings already said: lm-eval 0.4.9.x imports both modules in INSTALLERS, and a
+# bad value is one mistake, so it gets one line.
+_WARNED: set[str] = set()
+
+
+def _activate() -> bool:
+    """Make the process's probe on first use, and guard both cache layers; False when off."""
+    settings, warnings = read_settings()
+    for warning in warnings:
+        if warning not in _WARNED:
+            _WARNED.add(warning)
+            say(warning)
+    if not settings.enabled:
+        return False
+    from lm_eval.api import model as api_model
+    from lm_eval.loggers import evaluation_tracker
+
+    if state.ACTIVE is None:
+        warning = untested_warning(lm_eval_version())
+        if warning:
+            say(warning)
+        state.ACTIVE = state.Probe(settings)
+        atexit.register(_finalise_at_exit)
+    guard_caches(api_model)
+    carry_evidence(evaluation_tracker)
+    return True
+
+
 def uninstall() -> None:
     """Restore every patched original and forget the probe's state."""
     restore_all()
     state.ACTIVE = None
+    _WARNED.clear()
 
 
 class _InstallingLoader:
-    """Runs the real loader of lm-eval's API module, then installs the probe on it."""
+    """Runs the real loader of an lm-eval module in INSTALLERS, then installs the probe on it."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
@@ -71,17 +115,17 @@ class _InstallingLoader:
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        install(module)
+        install_module(module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
 def installing_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
-    """The real spec of lm-eval's API module, whose loader installs the probe after it ran.
+    """The real spec of an lm-eval module in INSTALLERS, whose loader installs the probe after it ran.
 
-    Called by the start-up stub's finder, which has already taken itself off
-    ``sys.meta_path``, so the finders asked here are the real ones.
+    Called by the start-up stub's finder, which no longer waits for ``fullname``: asked
+    again here, it answers None, so the spec comes from the real finders.
     """
     for finder in sys.meta_path:
         find = getattr(finder, "find_spec", None)

@@ -38,8 +38,13 @@ def trip_document(
     lm_eval_version: str | None,
     model: Any,
     base_url: Any,
+    backend: str = "api",
 ) -> dict[str, Any]:
-    """The sidecar as written at the trip: the trip record, and ``final`` still null."""
+    """The sidecar as written at the trip: the trip record, and ``final`` still null.
+
+    ``backend`` says which of lm-eval's backends tripped: ``"api"`` (a server) or ``"vllm"``
+    (the in-process engine of ``--model vllm``).
+    """
     now = time.time()
     return {
         "schema_version": SCHEMA_VERSION,
@@ -60,6 +65,7 @@ def trip_document(
             "lm_eval_version": lm_eval_version,
             "model": model if isinstance(model, str) else None,
             "base_url": public_url(base_url),
+            "backend": backend,
         },
         "final": None,
     }

@@ -63,13 +63,23 @@ class Probe:
         with self.groups.lock:
             self.tasks.register(entries)
 
-    def request(self, lm: Any, gen_kwargs: Any, prompts: list[Any], max_tokens: int | None) -> Request:
-        """One generate request for ``prompts`` (as lm-eval passes them), in its group."""
+    def request(
+        self,
+        lm: Any,
+        gen_kwargs: Any,
+        prompts: list[Any],
+        max_tokens: int | None,
+        backend: str = "api",
+        tasks: list[str | None] | None = None,
+    ) -> Request:
+        """One generate request for ``prompts`` (as lm-eval passes them), in its group, made by
+        ``backend``; each prompt's task is looked up unless the backend knows ``tasks``."""
         group = self.groups.get(gen_kwargs)
         with self.groups.lock:
-            tasks = [self.tasks.task_of(prompt, group.key) for prompt in prompts]
+            if tasks is None:
+                tasks = [self.tasks.task_of(prompt, group.key) for prompt in prompts]
         is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
-        return Request(group, lm, tasks, max_tokens or 0, is_evidence)
+        return Request(group, lm, tasks, max_tokens or 0, is_evidence, backend=backend)
 
     def count_loglikelihood(self, n: int) -> None:
         with self.groups.lock:
@@ -108,14 +118,14 @@ class Probe:
                 return
             group.tally.add([choice.label for choice in choices], request.max_tokens)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
-                self._trip(group, request.lm)
+                self._trip(group, request.lm, request.backend)
 
-    def _trip(self, group: Group, lm: Any) -> None:
+    def _trip(self, group: Group, lm: Any, backend: str = "api") -> None:
         path = os.path.abspath(sidecar_path())
         document = trip_document(
             self.run_id, group.tally.as_dict(), group.gen_kwargs, self._tasks_of(group), self.settings,
             self.groups.first_request_at,
-            lm_eval_version(), getattr(lm, "model", None), getattr(lm, "base_url", None),
+            lm_eval_version(), getattr(lm, "model", None), getattr(lm, "base_url", None), backend=backend,
         )  # fmt: skip
         try:
             where = self.ownership.claim(path, document)

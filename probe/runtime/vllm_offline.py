@@ -1,0 +1,359 @@
+"""Glue for lm-eval's in-process vLLM backend (``--model vllm``): invasive patches.
+
+lm-eval's ``VLLM._model_generate`` calls ``LLM.generate`` once per chunk of prompts (all of
+them with ``--batch_size auto``); vLLM adds one engine request per prompt, then loops
+``llm_engine.step()``. The probe works inside that loop, on the engine ``LLM`` keeps as
+``llm_engine`` (found by its methods, not by vLLM's version):
+
+- ``add_request`` gives the engine id of each prompt, in order;
+- ``step`` hands over each request as it finishes, observed like an API response;
+- on a trip, ``abort_request`` ends the tripped group's unfinished requests at once (their
+  KV cache is freed), and lm-eval gets a blank answer for each, in order.
+
+A prompt whose group tripped in an earlier chunk is never sent. When the engine lacks those
+methods, or hooking fails, one line says so and generation runs unprobed. Loglikelihood is
+never touched. ``data_parallel_size > 1`` runs one engine per Ray worker, in processes out of
+the probe's reach: generation then runs unprobed, with one line that says so.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from probe.runtime import state
+from probe.runtime.answers import BLANK, ShortCircuitAnswer
+from probe.runtime.contract import version_tuple
+from probe.runtime.groups import Group, Request
+from probe.runtime.log import say
+from probe.runtime.patching import is_ours, mark, replace, wrap
+
+BACKEND = "vllm"
+ENGINE_METHODS = ("add_request", "step", "abort_request")
+MODEL_GENERATE_PARAMETERS = ["self", "requests", "generate", "sampling_params"]
+# The vLLM releases the test suite runs against; others get one warning, and run probed.
+TESTED_VLLM = ((0, 32, 0), (0, 32, 0))
+
+
+@dataclass(frozen=True)
+class OfflineModel:
+    """What the sidecar says about the model: its path, and no server (there is none)."""
+
+    model: str | None
+    base_url: None = None
+
+
+@dataclass
+class BlankOutput:
+    """In place of the ``RequestOutput`` of a request the probe aborted or never sent:
+    lm-eval reads ``outputs[0].text``, a blank answer that both caches refuse."""
+
+    request_id: str
+    text: ShortCircuitAnswer = BLANK
+
+    @property
+    def outputs(self) -> list[BlankOutput]:
+        return [self]
+
+
+@dataclass
+class Prompts:
+    """One ``generate_until`` call's prompts, in the order ``modify_gen_kwargs`` sees them:
+    once per prompt of a chunk, with the prompt's own ``gen_kwargs``, whose identity tells
+    its task (each lm-eval ``Instance`` holds its own dict)."""
+
+    task_of: dict[int, str | None]
+    gen_kwargs: list[Any] = field(default_factory=list)
+    tasks: list[str | None] = field(default_factory=list)  # aligned with gen_kwargs
+
+    def take(self) -> tuple[list[Any], list[str | None]]:
+        """The prompts seen since the last call, for the chunk about to be generated."""
+        taken = self.gen_kwargs, self.tasks
+        self.gen_kwargs, self.tasks = [], []
+        return taken
+
+
+@dataclass
+class EngineCall:
+    """One ``LLM.generate`` call followed through the engine: which request is which."""
+
+    probe: state.Probe
+    engine: Any
+    requests: list[Request]
+    ids: list[str] = field(default_factory=list)  # engine request ids, in the order added
+    index: dict[str, int] = field(default_factory=dict)  # made once: the engine steps thousands of times
+    finished: set[str] = field(default_factory=set)
+    aborted: set[str] = field(default_factory=set)
+    handled: set[int] = field(default_factory=set)  # the tripped groups already aborted
+
+    def after_step(self, outputs: Any) -> None:
+        """Observe the requests that finished in this step, then abort what a trip ends."""
+        if len(self.ids) != len(self.requests):  # nothing can be told apart: nothing is touched
+            self.unplaced(f"{len(self.ids)} engine requests for {len(self.requests)} prompts")
+            return
+        self.index = self.index or {request_id: i for i, request_id in enumerate(self.ids)}
+        tripped: list[Group] = []
+        for output in outputs or ():
+            if not getattr(output, "finished", False):
+                continue
+            i = self.index.get(str(getattr(output, "request_id", None)))
+            if i is None:
+                self.unplaced(f"a finished request with the unknown id {getattr(output, 'request_id', None)!r}")
+                continue
+            if self.ids[i] in self.finished:
+                continue
+            self.finished.add(self.ids[i])
+            group = self.requests[i].group
+            self.probe.observe(self.requests[i], as_response(output))
+            if group.tripped and id(group) not in self.handled:
+                self.handled.add(id(group))
+                tripped.append(group)
+        for group in tripped:  # after the whole step: what finished in it keeps its answer
+            self.abort(group)
+
+    def unplaced(self, what: str) -> None:
+        self.probe.errors.once(
+            "vllm unplaced", f"cannot match vLLM's engine requests to lm-eval's prompts ({what}); not observed"
+        )
+
+    def abort(self, group: Group) -> None:
+        """End every unfinished request of ``group`` in the engine, at once."""
+        doomed = [
+            request_id
+            for request_id, request in zip(self.ids, self.requests, strict=True)
+            if request.group is group and request_id not in self.finished
+        ]
+        if doomed:
+            self.engine.abort_request(doomed)
+            self.aborted.update(doomed)
+
+    def answers(self, outputs: list[Any]) -> list[Any]:
+        """``outputs`` with a blank in place of each aborted request, in prompt order."""
+        if not self.aborted:
+            return outputs
+        by_id = {str(getattr(output, "request_id", None)): output for output in outputs}
+        answers = []
+        for request_id, request in zip(self.ids, self.requests, strict=True):
+            if request_id in self.aborted:
+                self.probe.blanks(request, cancelled=True)
+                answers.append(BlankOutput(request_id))
+            else:
+                answers.append(by_id[request_id])
+        return answers
+
+
+def as_response(output: Any) -> dict[str, Any]:
+    """A finished ``RequestOutput`` as the OpenAI-shaped response the evidence rules read."""
+    completions = list(getattr(output, "outputs", None) or ())
+    return {
+        "choices": [
+            {"index": i, "finish_reason": getattr(c, "finish_reason", None), "text": getattr(c, "text", "")}
+            for i, c in enumerate(completions)
+        ],
+        "usage": {"completion_tokens": sum(len(getattr(c, "token_ids", None) or ()) for c in completions)},
+    }
+
+
+# The generate_until call and the engine call running now; any other use of an engine
+# (another LLM object, another thread) finds them unset and is left alone.
+_PROMPTS: contextvars.ContextVar[Prompts | None] = contextvars.ContextVar("lm_eval_probe_prompts", default=None)
+_CALL: contextvars.ContextVar[EngineCall | None] = contextvars.ContextVar("lm_eval_probe_engine_call", default=None)
+_UNHOOKABLE: set[type] = set()  # engine classes that could not be hooked: said once, not retried
+
+
+def _probed_generate_until(original: Callable) -> Callable:
+    def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        prompts = None
+        if state.ACTIVE is not None:
+            try:
+                state.ACTIVE.register(requests)
+                prompts = Prompts({id(r.args[1]): getattr(r, "task_name", None) for r in requests})
+            except Exception as error:
+                state.ACTIVE.errors.report("vllm generate_until", error)
+        token = _PROMPTS.set(prompts)
+        try:
+            return original(self, requests, *args, **kwargs)
+        finally:
+            _PROMPTS.reset(token)
+
+    return mark(generate_until, original)
+
+
+def _recording_modify_gen_kwargs(original: Callable) -> Callable:
+    def modify_gen_kwargs(gen_kwargs: Any, *args: Any, **kwargs: Any) -> Any:
+        prompts = _PROMPTS.get()
+        if prompts is not None:
+            prompts.gen_kwargs.append(gen_kwargs)
+            prompts.tasks.append(prompts.task_of.get(id(gen_kwargs)))
+        return original(gen_kwargs, *args, **kwargs)
+
+    return mark(modify_gen_kwargs, original)
+
+
+def _probed_model_generate(original: Callable) -> Callable:
+    def _model_generate(
+        self: Any, requests: Any = None, generate: bool = False, sampling_params: Any = None, **kwargs: Any
+    ) -> Any:
+        prompts = _PROMPTS.get()
+        gen_kwargs, tasks = prompts.take() if prompts is not None else ([], [])
+        probe, watched = state.ACTIVE, None
+        if probe is not None and generate and isinstance(sampling_params, list):
+            watched = _watch(probe, self, requests, sampling_params, gen_kwargs, tasks)
+        if probe is None or watched is None:  # unprobed: loglikelihood, the probe off, or as _watch said
+            return original(self, requests, generate, sampling_params, **kwargs)
+        engine, planned = watched
+        answers: list[Any] = [BlankOutput(f"not-sent-{i}") for i in range(len(requests))]
+        send = []
+        for i, request in enumerate(planned):
+            if request.group.tripped:  # in an earlier chunk: never sent
+                probe.blanks(request)
+            else:
+                send.append(i)
+        if send:
+            call = EngineCall(probe, engine, [planned[i] for i in send])
+            token = _CALL.set(call)
+            try:
+                sent = [requests[i] for i in send]
+                outputs = original(self, sent, generate, [sampling_params[i] for i in send], **kwargs)
+            finally:
+                _CALL.reset(token)
+            for i, answer in zip(send, call.answers(list(outputs)), strict=True):
+                answers[i] = answer
+        return answers
+
+    return mark(_model_generate, original)
+
+
+def _watch(
+    probe: state.Probe, lm: Any, prompts: Any, params: list, gen_kwargs: list, tasks: list
+) -> tuple[Any, list[Request]] | None:
+    """The hooked engine and this chunk's requests, registered; None when it runs unprobed."""
+    try:
+        if getattr(lm, "data_parallel_size", 1) > 1:
+            probe.errors.once(
+                "vllm data parallel",
+                "data_parallel_size > 1: lm-eval runs one vLLM engine per Ray worker, out of the "
+                "probe's reach; generation runs unprobed",
+            )
+            return None
+        if not len(gen_kwargs) == len(tasks) == len(params) == len(prompts):
+            probe.errors.once(
+                "vllm prompts",
+                f"cannot tell the settings of each prompt ({len(gen_kwargs)} for {len(prompts)} prompts); "
+                "lm-eval's vLLM backend runs unprobed",
+            )
+            return None
+        engine = _hook_engine(probe, getattr(lm, "model", None))
+        if engine is None:
+            return None
+        model_args = getattr(lm, "model_args", None)
+        model = OfflineModel(str(model_args.get("model")) if isinstance(model_args, dict) else None)
+        requests = []
+        for i, sampling in enumerate(params):
+            max_tokens = getattr(sampling, "max_tokens", None)
+            requests.append(probe.request(model, gen_kwargs[i], [None], max_tokens, backend=BACKEND, tasks=[tasks[i]]))
+        return engine, requests
+    except Exception as error:
+        probe.errors.report("vllm _model_generate", error)
+        return None
+
+
+def _observing_step(original: Callable) -> Callable:
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outputs = original(self, *args, **kwargs)
+        call = _CALL.get()
+        if call is not None and call.engine is self:
+            try:
+                call.after_step(outputs)
+            except Exception as error:
+                call.probe.errors.report("vllm step", error)
+        return outputs
+
+    return mark(step, original)
+
+
+def _recording_add_request(original: Callable) -> Callable:
+    def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
+        added = original(self, request_id, *args, **kwargs)
+        call = _CALL.get()
+        if call is not None and call.engine is self and len(call.ids) < len(call.requests):
+            call.ids.append(str(request_id))
+        return added
+
+    return mark(add_request, original)
+
+
+def _hook_engine(probe: state.Probe, llm: Any) -> Any:
+    """The engine ``llm`` drives, its class hooked (once; only now is the class known);
+    None, said once, when it cannot be."""
+    engine = getattr(llm, "llm_engine", None)
+    cls = type(engine)
+    if cls in _UNHOOKABLE:
+        return None
+    try:
+        missing = [name for name in ENGINE_METHODS if not callable(getattr(engine, name, None))]
+        if missing:
+            raise LookupError(f"{cls.__module__}.{cls.__qualname__} has no {', '.join(missing)}")
+        for name, make in (("step", _observing_step), ("add_request", _recording_add_request)):
+            wrap(next(c for c in cls.__mro__ if name in c.__dict__), name, make)
+        _warn_untested_vllm(probe)
+        return engine
+    except Exception as error:
+        _UNHOOKABLE.add(cls)
+        say(f"could not hook vLLM's engine ({error!r}); lm-eval's vLLM backend runs unprobed")
+        return None
+
+
+def _warn_untested_vllm(probe: state.Probe) -> None:
+    import vllm
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    found = version_tuple(version)
+    if found is None or not (TESTED_VLLM[0] <= found[:3] <= TESTED_VLLM[1]):
+        tested = " to ".join(dict.fromkeys(".".join(map(str, v)) for v in TESTED_VLLM))
+        probe.errors.once(
+            "vllm version",
+            f"vLLM {version} is outside the releases this probe was tested with ({tested}); the probe "
+            "stays active, but check its findings, and report a problem if you see one",
+        )
+
+
+def _keeping_made_up_answers(original: Callable) -> Callable:
+    def postprocess_generated_text(generation: Any, *args: Any, **kwargs: Any) -> Any:
+        # lm-eval cuts stop sequences off with str.split, which would turn a made-up answer
+        # into a plain "" that both cache layers would then store as the model's answer.
+        if isinstance(generation, ShortCircuitAnswer):
+            return generation
+        return original(generation, *args, **kwargs)
+
+    return mark(postprocess_generated_text, original)
+
+
+def is_installed(vllm_causallms: Any) -> bool:
+    return is_ours(vllm_causallms.VLLM.__dict__.get("_model_generate"))
+
+
+def install_vllm(vllm_causallms: Any) -> None:
+    """Patch lm-eval's ``VLLM`` backend (idempotent); its engine is hooked at first use.
+
+    Raises LookupError, having patched nothing, when lm-eval's module lacks what is hooked.
+    """
+    cls = vllm_causallms.VLLM
+    generate = cls.__dict__.get("_model_generate")
+    modify = cls.__dict__.get("modify_gen_kwargs")
+    if not (
+        "generate_until" in cls.__dict__
+        and inspect.isfunction(generate)
+        and list(inspect.signature(generate).parameters)[:4] == MODEL_GENERATE_PARAMETERS
+        and isinstance(modify, staticmethod)
+        and callable(getattr(vllm_causallms, "postprocess_generated_text", None))
+    ):
+        raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
+    wrap(cls, "generate_until", _probed_generate_until)
+    wrap(cls, "_model_generate", _probed_model_generate)
+    if not is_ours(modify):
+        replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
+    wrap(vllm_causallms, "postprocess_generated_text", _keeping_made_up_answers)

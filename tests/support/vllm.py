@@ -1,0 +1,33 @@
+"""What the tests on real vLLM share: its environment's Python, the tiny models, the answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def vllm_python() -> str:
+    """The vLLM environment's Python (LM_EVAL_PROBE_VLLM_PYTHON); fails the test without one."""
+    python = os.environ.get("LM_EVAL_PROBE_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.fail("LM_EVAL_PROBE_VLLM_PYTHON must name the vLLM environment's Python (scripts/test.sh sets it)")
+    return python
+
+
+def tiny_llama(python: str, directory: Path, variant: str) -> Path:
+    """Build the tiny Llama ``variant`` (scripts/tiny_llama.py) into ``directory``."""
+    subprocess.run([python, str(SCRIPTS / "tiny_llama.py"), str(directory), "--variant", variant], check=True)
+    return directory
+
+
+def answers(output: Path) -> list[str]:
+    """The first answer of every document in lm-eval's samples file under ``output``, by doc_id."""
+    (samples,) = output.glob("*/samples_*.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    return [row["resps"][0][0] for row in sorted(rows, key=lambda r: r["doc_id"])]

@@ -1,0 +1,125 @@
+"""End to end on lm-eval's in-process vLLM backend (``--model vllm``), CPU build, tiny Llamas.
+
+Each run is ``python -m lm_eval --model vllm`` in the vLLM environment (named by
+LM_EVAL_PROBE_VLLM_PYTHON), through ``eval-probe run`` when probed, with vLLM's own counters
+written at its end (scripts/lm_eval_counted.py). Deselect with ``-m "not vllm"``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.procs import PYTHON, probe_site
+from support.vllm import SCRIPTS, answers, tiny_llama, vllm_python
+
+from probe.demo.localtask import LocalTask, offline_env, write_task
+from probe.demo.servercounters import parse_vllm_metrics
+from probe.runtime import contract
+
+pytestmark = pytest.mark.vllm
+MAX_TOKENS = 1024
+DOCS = 48
+MAX_NUM_SEQS = 8  # six waves of generations: the trip comes after two
+MIN_SAMPLES = contract.Settings().min_samples
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> LocalTask:
+    return write_task(tmp_path_factory.mktemp("task"), DOCS)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    for variant in ("never_stop", "stops"):
+        tiny_llama(vllm_python(), root / variant, variant)
+    return root
+
+
+def evaluate(
+    model: Path, task: LocalTask, output: Path, probed: bool, site: Path | None = None
+) -> tuple[subprocess.CompletedProcess, dict[str, float]]:
+    """One lm-eval run on the in-process vLLM backend; returns it and vLLM's own counters.
+
+    ``site``: a directory put on PYTHONPATH (after the probe's own, which runs it too).
+    """
+    metrics = output.with_suffix(".metrics.txt")
+    arguments = task.lm_eval_vllm_arguments(model, output, MAX_TOKENS, MAX_NUM_SEQS, "--log_samples")
+    lm_eval = [vllm_python(), str(SCRIPTS / "lm_eval_counted.py"), str(metrics), "--", *arguments]
+    command = [PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", *lm_eval] if probed else lm_eval
+    env = offline_env(None, VLLM_CPU_KVCACHE_SPACE="1")
+    if site is not None:
+        env["PYTHONPATH"] = str(site)
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run, parse_vllm_metrics(metrics.read_text())
+
+
+def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(models, task, tmp_path) -> None:
+    _, unprobed = evaluate(models / "never_stop", task, tmp_path / "plain", probed=False)
+    run, probed = evaluate(models / "never_stop", task, tmp_path / "probed", probed=True)
+    assert unprobed["generation_tokens"] == DOCS * MAX_TOKENS  # vLLM's own count: all ran to the cap
+    assert "summary: TRIPPED (non_terminating)" in run.stderr
+    # The two waves the verdict needs, plus whatever the aborted requests had generated.
+    assert probed["generation_tokens"] <= (MIN_SAMPLES + MAX_NUM_SEQS) * MAX_TOKENS
+    assert probed["generation_tokens"] < unprobed["generation_tokens"] / 2
+    sidecar = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())
+    assert sidecar["verdict"]["backend"] == "vllm" and sidecar["verdict"]["max_tokens"] == [MAX_TOKENS]
+    assert sidecar["verdict"]["model"] == str(models / "never_stop")
+    # One LLM.generate call for the whole task: whatever was unfinished at the trip was
+    # aborted in the engine, and lm-eval got a blank answer for each; the rest are real.
+    final = sidecar["final"]
+    aborted = final["cancelled_in_flight"]
+    assert DOCS - MIN_SAMPLES - MAX_NUM_SEQS <= aborted == final["short_circuited_requests"]
+    given = answers(tmp_path / "probed")
+    assert sorted(given) == [""] * aborted + ["a" * MAX_TOKENS] * (DOCS - aborted)
+    read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
+    verdict = json.loads(read.stdout)
+    assert read.returncode == 1 and verdict["status"] == "below_floor"
+    assert verdict["results_file"] and Path(verdict["results_file"]).exists()
+
+
+def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, task, tmp_path) -> None:
+    _, unprobed = evaluate(models / "stops", task, tmp_path / "plain", probed=False)
+    run, probed = evaluate(models / "stops", task, tmp_path / "probed", probed=True)
+    assert f"the probe did not trip: 0 of {DOCS} generations observed ended at the cap" in run.stderr
+    assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
+    assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
+    assert probed["generation_tokens"] == unprobed["generation_tokens"]
+
+
+def test_an_engine_that_cannot_be_hooked_runs_unprobed_with_one_message(models, tmp_path) -> None:
+    # The hook point really absent: an engine without abort_request (an offline run never
+    # calls it unless a request fails). This sitecustomize.py runs after the probe's own, in
+    # every process: eval-probe's own has no vLLM.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "try:\n    import vllm\nexcept ImportError:\n    pass\nelse:\n    del vllm.LLMEngine.abort_request\n"
+    )
+    # MIN_SAMPLES documents: enough for a trip, had the probe been watching.
+    small = write_task(tmp_path / "task", MIN_SAMPLES)
+    run, counters = evaluate(models / "never_stop", small, tmp_path / "out", probed=True, site=site)
+    # Counted in the whole of stderr: lm-eval's progress bar shares the probe's lines.
+    assert run.stderr.count("[lm-eval-probe] could not hook vLLM's engine") == 1
+    assert "has no abort_request')); lm-eval's vLLM backend runs unprobed" in run.stderr
+    assert "[lm-eval-probe] internal error" not in run.stderr
+    # Unprobed: every generation ran to the cap, and nothing was cut short or written.
+    assert counters["generation_tokens"] == MIN_SAMPLES * MAX_TOKENS
+    assert not (tmp_path / "out" / contract.SIDECAR_NAME).exists()
+    assert answers(tmp_path / "out") == ["a" * MAX_TOKENS] * MIN_SAMPLES
+
+
+def test_the_stub_installs_on_lm_evals_vllm_module_alone(tmp_path) -> None:
+    # lm-eval 0.4.13 imports model modules lazily: under --model vllm, the API module never is.
+    check = (
+        "import sys, lm_eval.models.vllm_causallms as m\n"
+        "print(hasattr(m.VLLM._model_generate, '__lm_eval_probe__'), 'lm_eval.models.api_models' in sys.modules)"
+    )
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(tmp_path))
+    run = subprocess.run([vllm_python(), "-c", check], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == "True False\n"
