@@ -14,6 +14,9 @@ from support.resultfiles import METRIC, write_results
 from probe import exitcodes
 from probe.runtime.contract import EVIDENCE_KEY
 
+# Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
+pytestmark = pytest.mark.release_independent
+
 
 def figures(**changes: object) -> dict:
     found = {

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from probe.demo.servercounters import parse_vllm_metrics, server_counters
+
+# Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
+pytestmark = pytest.mark.release_independent
 
 METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 vllm:generation_tokens_total{engine="0",model_name="m"} 65536.0
