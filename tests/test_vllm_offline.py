@@ -18,6 +18,7 @@ from support.vllm import SCRIPTS, answers, tiny_llama, vllm_python
 from probe.demo.localtask import LocalTask, offline_env, write_task
 from probe.demo.servercounters import parse_vllm_metrics
 from probe.runtime import contract
+from probe.runtime.contract import EVIDENCE_KEY
 
 pytestmark = pytest.mark.vllm
 MAX_TOKENS = 1024
@@ -77,9 +78,13 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(models, t
     given = answers(tmp_path / "probed")
     assert sorted(given) == [""] * aborted + ["a" * MAX_TOKENS] * (DOCS - aborted)
     read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
-    verdict = json.loads(read.stdout)
+    (verdict,) = json.loads(read.stdout)
     assert read.returncode == 1 and verdict["status"] == "below_floor"
     assert verdict["results_file"] and Path(verdict["results_file"]).exists()
+    # The per-task evidence travels in lm-eval's results file from this backend too.
+    evidence = json.loads(Path(verdict["results_file"]).read_text())[EVIDENCE_KEY]
+    assert evidence["backends"] == ["vllm"] and evidence["tasks"][verdict["task"]]["tripped"] is True
+    assert evidence["tasks"][verdict["task"]]["cancelled_in_flight"] == aborted
 
 
 def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, task, tmp_path) -> None:

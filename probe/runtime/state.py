@@ -40,6 +40,7 @@ class Probe:
         self.groups = Groups()
         self.tasks = TaskBook()
         self.loglikelihood_requests = 0
+        self.backends: set[str] = set()  # lm-eval's backends seen making generate requests
         self.ownership = SidecarOwnership()
         self.errors = ErrorReports()
         self.gates = Gates()
@@ -76,6 +77,7 @@ class Probe:
         ``backend``; each prompt's task is looked up unless the backend knows ``tasks``."""
         group = self.groups.get(gen_kwargs)
         with self.groups.lock:
+            self.backends.add(backend)
             if tasks is None:
                 tasks = [self.tasks.task_of(prompt, group.key) for prompt in prompts]
         is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
@@ -164,7 +166,7 @@ class Probe:
                 }
             )
 
-    def evidence_document(self, backend: str = "api") -> dict[str, Any]:
+    def evidence_document(self) -> dict[str, Any]:
         """Everything this process observed, per task and per group, tripped or not.
 
         It travels inside lm-eval's results file (see ``results``) and in the report that
@@ -182,7 +184,7 @@ class Probe:
             return {
                 "schema_version": SCHEMA_VERSION,
                 "probe_version": PROBE_VERSION,
-                "backend": backend,
+                "backends": sorted(self.backends),
                 "run_id": self.run_id,
                 "pid": os.getpid(),
                 "settings": self.settings.as_dict(),
