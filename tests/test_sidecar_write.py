@@ -14,12 +14,12 @@ import pytest
 
 from probe.runtime import contract, ownership, sidecar
 
+# Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
+pytestmark = pytest.mark.release_independent
+
 RACER = """
 import json, os, sys, time
 from probe.runtime.sidecar import write_sidecar_once
-
-# Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
-pytestmark = pytest.mark.release_independent
 start = float(sys.argv[2])
 while time.time() < start:
     pass
