@@ -1,7 +1,8 @@
 """Glue for lm-eval's API models (``TemplateAPI``): the async and the sync request paths.
 
-- ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate, runs as a task of its
-  own so that a trip can cancel it, and answers blank once its group has tripped.
+- ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate (which starts slow and
+  learns from each finished call), runs as a task of its own so that a trip can cancel it,
+  and answers blank once its group has tripped.
 - ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
 - Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
 """
@@ -85,7 +86,7 @@ async def _run_async(
     if group.tripped:
         return probe.blanks(request)
     try:
-        gate = probe.gates.for_running_loop(lm)
+        gate = probe.gates.for_running_loop(lm, request.is_evidence)
     except Exception as error:
         probe.errors.report("gate", error)
         gate = None
@@ -114,7 +115,14 @@ async def _run_async(
             with probe.groups.lock:
                 group.cancelled += 1
             return probe.blanks(request)
-        return inner.result()
+        answers = inner.result()
+        if gate is not None:
+            # The observation (made inside the call) tells the slow start whether to widen.
+            try:
+                gate.learn(request.labels, group.tripped)
+            except Exception as error:
+                probe.errors.report("gate", error)
+        return answers
     finally:
         if gate is not None:
             gate.release()

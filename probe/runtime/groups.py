@@ -48,6 +48,8 @@ class Request:
     is_evidence: bool
     observed: bool = False
     cancelled_by_probe: bool = False
+    # What its response said, once observed (None: never observed); the gate learns from it.
+    labels: list[str] | None = None
 
 
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:

@@ -31,7 +31,7 @@ class Probe:
         self.groups = Groups()
         self.ownership = SidecarOwnership(self.started_at)
         self.errors = ErrorReports()
-        self.gates = Gates()
+        self.gates = Gates(settings)
 
     def request(self, lm: Any, gen_kwargs: Any, n_answers: int, max_tokens: int | None) -> Request:
         """Register one generate request of ``n_answers`` prompts."""
@@ -56,7 +56,7 @@ class Probe:
         if request.observed or not request.is_evidence:
             return
         request.observed = True
-        labels = classify_response(response, request.max_tokens)
+        labels = request.labels = classify_response(response, request.max_tokens)
         group = request.group
         with self.groups.lock:
             group.tally.add(labels, request.max_tokens)

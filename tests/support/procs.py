@@ -15,6 +15,7 @@ PROBE_VARS = (
     contract.ENV_MIN_SAMPLES,
     contract.ENV_LENGTH_RATIO,
     contract.ENV_MIN_MAX_TOKENS,
+    contract.ENV_SLOW_START,
     contract.ENV_REPORT,
     *contract.RESULT_DIR_VARS,
 )
