@@ -17,6 +17,7 @@ from typing import Any
 
 from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
+from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
 from probe.runtime.patching import is_ours, mark, replace, wrap
 
@@ -92,6 +93,7 @@ async def _run_async(
         gate = None
     if gate is not None:
         await gate.acquire()
+    answered = False
     try:
         if group.tripped:  # tripped while this request waited at the gate
             return probe.blanks(request)
@@ -116,16 +118,20 @@ async def _run_async(
                 group.cancelled += 1
             return probe.blanks(request)
         answers = inner.result()
-        if gate is not None:
-            # The observation (made inside the call) tells the slow start whether to widen.
-            try:
-                gate.learn(request.labels, group.tripped)
-            except Exception as error:
-                probe.errors.report("gate", error)
+        answered = True
         return answers
     finally:
         if gate is not None:
-            gate.release()
+            _release(probe, gate, answered, request)
+
+
+def _release(probe: state.Probe, gate: Gate, answered: bool, request: Request) -> None:
+    """Give the call's place back and tell the slow start what its answer showed; never raises."""
+    group = request.group
+    try:
+        gate.release(answered, request.labels, group.tripped, group.trip_failed)
+    except Exception as error:
+        probe.errors.report("gate", error)
 
 
 def _probed_model_call(original: Callable) -> Callable:

@@ -9,11 +9,14 @@ primitive belongs to one loop.
 
 The slow start: the rule cannot fire before ``MIN_SAMPLES`` observations, so a model that
 never stops needs only ``MIN_SAMPLES`` full-length generations for its verdict. A batch
-therefore starts with at most ``MIN_SAMPLES`` calls in flight, and every answer that shows
-the model stops widens the window by ``step``, chosen so that ``MIN_SAMPLES`` such answers
-open it fully. A never-stopping model never widens it; a healthy one is at full width after
-its first ``MIN_SAMPLES`` answers. The gate only delays calls, in arrival order: no answer
-changes, only when each request is sent.
+therefore may send ``MIN_SAMPLES`` requests before any evidence, and each answer that shows
+the model stops lets ``per_stop`` more be sent; an answer that ran to the cap lets none
+more, so a never-stopping model reaches the server with exactly ``MIN_SAMPLES`` requests.
+``per_stop`` is at least ``1 / (1 - LENGTH_RATIO)``: then the gate can only run dry once the
+rule has fired (at that point at least ``LENGTH_RATIO`` of the answers ran to the cap), so
+it never stalls a run. It is also at least ``num_concurrent / MIN_SAMPLES``, so that a
+healthy model is at full width after about ``MIN_SAMPLES`` answers. The gate only delays
+calls, in arrival order: no answer changes, only when each request is sent.
 
 :class:`SlowStart` is the policy, pure arithmetic; :class:`Gate` applies it to asyncio
 tasks; :class:`Gates` keeps one gate per event loop.
@@ -22,6 +25,7 @@ tasks; :class:`Gates` keeps one gate per event loop.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import weakref
 from collections import deque
@@ -33,7 +37,7 @@ from probe.runtime.contract import Settings
 from probe.runtime.evidence import is_pathological
 
 # Finish reasons that end a request without saying whether the model would have stopped:
-# the server or the client gave up on it. They neither widen the gate nor count as a stop.
+# the server or the client gave up on it. They count as neither a stop nor a cap.
 NOT_A_STOP = frozenset({"abort", "error", "timeout", "cancelled"})
 # Under HYPERLOOM_EVAL_PROBE_SLOW_START=auto the slow start applies up to this concurrency:
 # measured on healthy simulated runs (benchmarks/RESULTS.md, "Cost on a healthy run"), it kept
@@ -55,55 +59,72 @@ def slow_start_applies(mode: str, num_concurrent: int) -> bool:
 
 @dataclass
 class SlowStart:
-    """How many calls of one batch may be in flight (pure).
+    """How many requests of one batch may be sent, and how many at once (pure).
 
-    Promises: the window starts at ``min(MIN_SAMPLES, full)`` when slow, at ``full``
-    otherwise; it never exceeds ``full`` and never narrows; it widens only by ``step`` per
-    stop, or per answer that cannot be evidence (the rule cannot use it, so holding calls
-    back for it buys nothing); once told of a trip it never widens again.
+    Promises:
+    - at most ``full`` calls at once, and at most ``budget`` requests sent (counting only
+      calls that were answered or are still running: a failed call is retried, and the
+      retry is the one that counts);
+    - ``budget`` starts at ``MIN_SAMPLES`` when slow (infinite otherwise, or when
+      ``full <= MIN_SAMPLES``) and grows by ``per_stop`` for every stop, and for every
+      answer that cannot be evidence (the rule cannot use it, so holding calls back for it
+      buys nothing); it never shrinks;
+    - after a trip it never grows again; after a trip that could not be applied (the probe
+      then runs unprobed) it is infinite.
     """
 
     full: int
-    window: int
-    step: int
+    budget: float
+    per_stop: float
+    sent: int = 0
     tripped: bool = False
 
     @classmethod
-    def for_batch(cls, full: int, min_samples: int, slow: bool) -> SlowStart:
+    def for_batch(cls, full: int, min_samples: int, length_ratio: float, slow: bool) -> SlowStart:
         """The policy of a batch of ``full`` concurrent calls; ``slow=False`` opens it at once."""
         if not slow or full <= min_samples:
-            return cls(full, full, 0)
-        # Ceiling division: MIN_SAMPLES stops always reach full width.
-        return cls(full, min_samples, -(-(full - min_samples) // min_samples))
+            return cls(full, math.inf, 0.0)
+        # At least 1 / (1 - ratio): a stall then implies the rule fired (see the module's
+        # docstring). A ratio of 1 can never fire after a stop, so one stop opens the gate.
+        floor = 1.0 / (1.0 - length_ratio) if length_ratio < 1.0 else math.inf
+        return cls(full, float(min_samples), max(floor, full / min_samples))
 
-    def learn(self, labels: Sequence[str] | None, tripped: bool) -> bool:
-        """Take one finished call's labels (None: never observed); True when it widened."""
+    def may_send(self, in_flight: int) -> bool:
+        return in_flight < self.full and self.sent < self.budget
+
+    def send(self) -> None:
+        self.sent += 1
+
+    def finished(self, answered: bool, labels: Sequence[str] | None, tripped: bool, unprobed: bool) -> None:
+        """Take how one sent call ended: ``labels`` is what its answer said (None: never observed)."""
         self.tripped = self.tripped or tripped
-        if self.tripped or self.window >= self.full:
-            return False
+        if self.tripped:
+            return
+        if unprobed:
+            self.budget = math.inf
+        if not answered:
+            self.sent -= 1
+            return
         credits = sum(1 for label in labels if is_stop(label)) if labels else 1
-        if not credits:
-            return False
-        self.window = min(self.full, self.window + credits * self.step)
-        return True
+        self.budget += credits * self.per_stop
 
 
 class Gate:
-    """First-come first-served admission of one event loop's calls, ``policy.window`` at once.
+    """First-come first-served admission of one event loop's calls, as its policy allows.
 
-    Promises: at most ``policy.window`` calls hold a place; places are handed out in the
-    order calls arrived; a call cancelled while it waits never holds a place afterwards.
-    ``peak`` is the most calls that ever held a place at once.
+    Promises: calls are let through in the order they arrived, each counted as sent by the
+    policy; a call cancelled while it waits never counts; once the policy has tripped, every
+    waiting call is let through at once without counting (its group answers it blank, and
+    it never reaches the server). Every call let through must be released exactly once.
     """
 
     def __init__(self, policy: SlowStart) -> None:
         self.policy = policy
         self.in_flight = 0
-        self.peak = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     async def acquire(self) -> None:
-        if not self._waiters and self.in_flight < self.policy.window:
+        if not self._waiters and self._may_admit():
             self._admit()
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -112,25 +133,28 @@ class Gate:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                # It was handed a place in the same instant it was cancelled: pass it on.
-                self.release()
+                # It was let through in the same instant it was cancelled: pass its place on.
+                self.release(answered=False)
             raise
 
-    def release(self) -> None:
+    def release(
+        self, answered: bool, labels: Sequence[str] | None = None, tripped: bool = False, unprobed: bool = False
+    ) -> None:
+        """End a call that was let through: how it ended, and where its group stands."""
         self.in_flight -= 1
+        self.policy.finished(answered, labels, tripped, unprobed)
         self._wake()
 
-    def learn(self, labels: Sequence[str] | None, tripped: bool) -> None:
-        """Tell the policy how one call ended, and admit whoever the widening lets in."""
-        if self.policy.learn(labels, tripped):
-            self._wake()
+    def _may_admit(self) -> bool:
+        return self.policy.tripped or self.policy.may_send(self.in_flight)
 
     def _admit(self) -> None:
         self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
+        if not self.policy.tripped:
+            self.policy.send()
 
     def _wake(self) -> None:
-        while self._waiters and self.in_flight < self.policy.window:
+        while self._waiters and self._may_admit():
             waiter = self._waiters.popleft()
             if waiter.done():  # cancelled while it waited
                 continue
@@ -149,9 +173,6 @@ class Gates:
     def __len__(self) -> int:
         return len(self._by_loop)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(list(self._by_loop.values()))
-
     def for_running_loop(self, lm: Any, can_be_evidence: bool = True) -> Gate | None:
         """The gate of the running loop, or None when the model has no usable concurrency.
 
@@ -166,7 +187,8 @@ class Gates:
         with self._lock:
             gate = self._by_loop.get(loop)
             if gate is None:
-                slow = can_be_evidence and slow_start_applies(self._settings.slow_start, size)
-                policy = SlowStart.for_batch(size, self._settings.min_samples, slow)
+                settings = self._settings
+                slow = can_be_evidence and slow_start_applies(settings.slow_start, size)
+                policy = SlowStart.for_batch(size, settings.min_samples, settings.length_ratio, slow)
                 gate = self._by_loop[loop] = Gate(policy)
         return gate
