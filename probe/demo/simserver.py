@@ -54,6 +54,7 @@ class Stats:
     stopped_at_arrival: list = field(default_factory=list)
     stopped: int = 0
     in_flight: int = 0
+    last_completed_at: float = 0.0  # time.time() of the last generation that ran to its end
 
 
 def healthy_answer(prompt: str) -> str:
@@ -262,6 +263,7 @@ class SimServer:
         with self._lock:
             self.stats.tokens_generated += total_tokens
             self.stats.completed += 1
+            self.stats.last_completed_at = time.time()
 
     def _loglikelihood(self, payload: dict[str, Any]) -> web.Response:
         """Echoed log-probabilities, one per prompt token (a token is a list item)."""
