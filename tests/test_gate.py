@@ -38,25 +38,25 @@ def test_each_stop_lets_per_stop_more_be_sent() -> None:
     policy = _slow()
     _send_all(policy)
     policy.finished(True, ["stop"], tripped=False, unprobed=False)
-    assert _send_all(policy) == 4
+    assert _send_all(policy) == 8
     policy.finished(True, ["length", "stop", "usage_below_cap", "length"], tripped=False, unprobed=False)
-    assert _send_all(policy) == 8  # only the stops of a batched answer count
+    assert _send_all(policy) == 16  # only the stops of a batched answer count
 
 
 @pytest.mark.parametrize(
     ("full", "ratio", "per_stop"),
-    [(64, 0.75, 4.0), (32, 0.75, 4.0), (256, 0.75, 16.0), (64, 0.9, 10.0), (64, 0.6, 4.0), (64, 1.0, math.inf)],
+    [(64, 0.75, 8.0), (32, 0.75, 4.0), (256, 0.75, 32.0), (64, 0.95, 20.0), (64, 0.6, 8.0), (64, 1.0, math.inf)],
 )
 def test_per_stop_is_enough_for_the_rule_and_for_full_width(full: int, ratio: float, per_stop: float) -> None:
     assert _slow(full, 16, ratio).per_stop == pytest.approx(per_stop)
 
 
 @pytest.mark.parametrize(("full", "min_samples"), [(256, 16), (100, 16), (17, 16), (64, 5), (1000, 1)])
-def test_a_healthy_model_is_at_full_width_after_min_samples_stops(full: int, min_samples: int) -> None:
+def test_a_healthy_model_is_at_full_width_after_half_min_samples_stops(full: int, min_samples: int) -> None:
     policy = _slow(full, min_samples)
     in_flight = _send_all(policy)
     assert in_flight == min_samples
-    for _ in range(min_samples):
+    for _ in range(math.ceil(min_samples / 2)):
         policy.finished(True, ["stop"], tripped=False, unprobed=False)
         in_flight -= 1
         while policy.may_send(in_flight):
@@ -70,7 +70,7 @@ def test_an_answer_that_cannot_be_evidence_counts_like_a_stop(labels: list[str] 
     policy = _slow()
     _send_all(policy)
     policy.finished(True, labels, tripped=False, unprobed=False)
-    assert _send_all(policy) == 4
+    assert _send_all(policy) == 8
 
 
 def test_a_failed_call_gives_its_send_back_for_the_retry() -> None:
@@ -183,22 +183,26 @@ def _tasks(gate: Gate, n: int, admitted: list[str], release: asyncio.Event) -> l
 
 
 async def test_the_gate_lets_calls_through_in_arrival_order_as_stops_arrive() -> None:
-    gate = Gate(SlowStart.for_batch(8, 2, 0.75, slow=True))  # 2 first, 4 more per stop, 8 at once
+    gate = Gate(SlowStart.for_batch(16, 4, 0.75, slow=True))  # 4 first, 8 more per stop, 16 at once
     admitted: list[str] = []
     release = asyncio.Event()
-    tasks = _tasks(gate, 12, admitted, release)
+    tasks = _tasks(gate, 30, admitted, release)
     await asyncio.sleep(0)
-    assert admitted == ["0", "1"] and gate.in_flight == 2
+    assert admitted == ["0", "1", "2", "3"] and gate.in_flight == 4
     gate.release(True, ["length"])
     await asyncio.sleep(0)
-    assert admitted == ["0", "1"] and gate.in_flight == 1
+    assert len(admitted) == 4 and gate.in_flight == 3
     gate.release(True, ["stop"])
     await asyncio.sleep(0)
-    assert admitted == ["0", "1", "2", "3", "4", "5"] and gate.in_flight == 4
-    for _ in range(4):
+    assert admitted == [str(i) for i in range(12)] and gate.in_flight == 10
+    for _ in range(2):
         gate.release(True, ["stop"])
     await asyncio.sleep(0)
-    assert admitted == [str(i) for i in range(12)] and gate.in_flight == 6
+    assert admitted == [str(i) for i in range(20)] and gate.in_flight == 16  # every place taken
+    for _ in range(10):
+        gate.release(True, ["stop"])
+    await asyncio.sleep(0)
+    assert admitted == [str(i) for i in range(30)] and gate.in_flight == 16
     release.set()
     await asyncio.gather(*tasks)
 
@@ -217,7 +221,7 @@ async def test_after_a_trip_every_waiting_call_is_let_through_without_counting()
 
 
 async def test_a_call_cancelled_at_the_gate_never_counts() -> None:
-    gate = Gate(SlowStart.for_batch(4, 1, 0.75, slow=True))  # one first, then 4 per stop
+    gate = Gate(SlowStart.for_batch(4, 1, 0.75, slow=True))  # one first, then 8 per stop
     admitted: list[str] = []
     release = asyncio.Event()
     first, parked, last = (asyncio.create_task(_hold(gate, n, admitted, release)) for n in ("first", "parked", "last"))

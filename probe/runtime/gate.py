@@ -14,9 +14,13 @@ the model stops lets ``per_stop`` more be sent; an answer that ran to the cap le
 more, so a never-stopping model reaches the server with exactly ``MIN_SAMPLES`` requests.
 ``per_stop`` is at least ``1 / (1 - LENGTH_RATIO)``: then the gate can only run dry once the
 rule has fired (at that point at least ``LENGTH_RATIO`` of the answers ran to the cap), so
-it never stalls a run. It is also at least ``num_concurrent / MIN_SAMPLES``, so that a
-healthy model is at full width after about ``MIN_SAMPLES`` answers. The gate only delays
-calls, in arrival order: no answer changes, only when each request is sent.
+it never stalls a run. It is also at least ``2 * num_concurrent / MIN_SAMPLES``, so that a
+healthy model is at full width after ``MIN_SAMPLES / 2`` stops: with ``1 / (1 - LENGTH_RATIO)``
+alone (4 at the defaults) the ramp to C=64 cost healthy simulated runs 2.3% of their
+generation time, over the 2% this project allows (benchmarks/RESULTS.md). A larger step
+spends more on a partly broken model whose stops arrive first, never more on one that
+never stops. The gate only delays calls, in arrival order: no answer changes, only when
+each request is sent.
 
 :class:`SlowStart` is the policy, pure arithmetic; :class:`Gate` applies it to asyncio
 tasks; :class:`Gates` keeps one gate per event loop.
@@ -87,7 +91,7 @@ class SlowStart:
         # At least 1 / (1 - ratio): a stall then implies the rule fired (see the module's
         # docstring). A ratio of 1 can never fire after a stop, so one stop opens the gate.
         floor = 1.0 / (1.0 - length_ratio) if length_ratio < 1.0 else math.inf
-        return cls(full, float(min_samples), max(floor, full / min_samples))
+        return cls(full, float(min_samples), max(floor, 2 * full / min_samples))
 
     def may_send(self, in_flight: int) -> bool:
         return in_flight < self.full and self.sent < self.budget
