@@ -44,8 +44,9 @@ from probe.runtime.evidence import is_pathological
 # the server or the client gave up on it. They count as neither a stop nor a cap.
 NOT_A_STOP = frozenset({"abort", "error", "timeout", "cancelled"})
 # Under HYPERLOOM_EVAL_PROBE_SLOW_START=auto the slow start applies up to this concurrency:
-# measured on healthy simulated runs (benchmarks/RESULTS.md, "Cost on a healthy run"), it kept
-# the median wall time within 2% at C=64 and did not at C=256.
+# on healthy simulated runs (benchmarks/RESULTS.md, "Cost on a healthy run") it cost 1.4-1.5%
+# of the generation time at C=64; at C=256 6-8% (measured with half today's step there; off
+# by default either way); 128 was not measured, so it is off there too.
 AUTO_MAX_CONCURRENT = 64
 
 
