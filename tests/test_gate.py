@@ -119,9 +119,26 @@ def test_the_gate_runs_dry_only_once_the_rule_has_fired(ratio: float, p_cap: flo
         assert fired or waiting == 0, (seed, tally.as_dict())
 
 
-def test_no_slow_start_below_min_samples_or_when_off() -> None:
-    for policy in (SlowStart.for_batch(16, 16, 0.75, slow=True), SlowStart.for_batch(64, 16, 0.75, slow=False)):
-        assert policy.budget == math.inf and policy.may_send(policy.full - 1) and not policy.may_send(policy.full)
+def test_when_off_only_num_concurrent_limits_it() -> None:
+    policy = SlowStart.for_batch(64, 16, 0.75, slow=False)
+    assert policy.budget == math.inf and policy.may_send(63) and not policy.may_send(64)
+
+
+@pytest.mark.parametrize("full", [16, 8])
+def test_at_or_below_min_samples_a_cap_never_frees_a_send_but_a_stop_always_does(full: int) -> None:
+    never_stops, healthy = _slow(full), _slow(full)
+    assert _send_all(never_stops) == 16  # sends in all (places are not counted here)
+    for _ in range(16):
+        never_stops.finished(True, ["length"], tripped=False, unprobed=False)
+    assert _send_all(never_stops) == 0
+    in_flight = 0
+    for _ in range(200):  # answers one at a time: never short of a send while a place is free
+        while healthy.may_send(in_flight):
+            healthy.send()
+            in_flight += 1
+        assert in_flight == full
+        healthy.finished(True, ["stop"], tripped=False, unprobed=False)
+        in_flight -= 1
 
 
 @pytest.mark.parametrize(
@@ -166,6 +183,7 @@ def test_gates_start_slow_only_where_the_knob_and_the_evidence_say() -> None:
         return gate.policy.budget
 
     assert asyncio.run(budget("auto", 64)) == 16
+    assert asyncio.run(budget("auto", 8)) == 16
     assert asyncio.run(budget("auto", 256)) == math.inf
     assert asyncio.run(budget("on", 256)) == 16
     assert asyncio.run(budget("off", 64)) == math.inf

@@ -70,8 +70,8 @@ class SlowStart:
     - at most ``full`` calls at once, and at most ``budget`` requests sent (counting only
       calls that were answered or are still running: a failed call is retried, and the
       retry is the one that counts);
-    - ``budget`` starts at ``MIN_SAMPLES`` when slow (infinite otherwise, or when
-      ``full <= MIN_SAMPLES``) and grows by ``per_stop`` for every stop, and for every
+    - ``budget`` starts at ``MIN_SAMPLES`` when slow (infinite otherwise) and grows by
+      ``per_stop`` for every stop, and for every
       answer that cannot be evidence (the rule cannot use it, so holding calls back for it
       buys nothing); it never shrinks;
     - after a trip it never grows again; after a trip that could not be applied (the probe
@@ -87,7 +87,10 @@ class SlowStart:
     @classmethod
     def for_batch(cls, full: int, min_samples: int, length_ratio: float, slow: bool) -> SlowStart:
         """The policy of a batch of ``full`` concurrent calls; ``slow=False`` opens it at once."""
-        if not slow or full <= min_samples:
+        # Also when full <= MIN_SAMPLES: a healthy model never meets the budget there (each
+        # stop frees a place and adds more than one send), while a never-stopping one would
+        # otherwise refill the places its answers at the cap free before the rule can fire.
+        if not slow:
             return cls(full, math.inf, 0.0)
         # At least 1 / (1 - ratio): a stall then implies the rule fired (see the module's
         # docstring). A ratio of 1 can never fire after a stop, so one stop opens the gate.
