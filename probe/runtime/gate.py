@@ -71,9 +71,8 @@ class SlowStart:
       calls that were answered or are still running: a failed call is retried, and the
       retry is the one that counts);
     - ``budget`` starts at ``MIN_SAMPLES`` when slow (infinite otherwise) and grows by
-      ``per_stop`` for every stop, and for every
-      answer that cannot be evidence (the rule cannot use it, so holding calls back for it
-      buys nothing); it never shrinks;
+      ``per_stop`` for every stop, and for every answer that cannot be evidence (the rule
+      cannot use it, so holding calls back for it buys nothing); it never shrinks;
     - after a trip it never grows again; after a trip that could not be applied (the probe
       then runs unprobed) it is infinite.
     """
