@@ -1,20 +1,28 @@
 """Cost of the probe on a healthy run, and its start-up cost in a process without lm-eval.
 
-1. A stopping (healthy) simulated model evaluated by real lm-eval, unprobed and probed,
-   alternating, ``--reps`` times each: wall-time ratio (median probed / median unprobed),
-   and whether the answers (``--log_samples``) and scores are identical.
+1. Stopping (healthy) simulated models whose answer lengths vary as real ones do (the
+   simulated server's ``lognormal`` and ``reasoning`` length profiles), evaluated by real
+   lm-eval at each ``--concurrency``, unprobed and probed alternating, ``--reps`` times each:
+   wall-time ratio (median probed / median unprobed), and whether the answers
+   (``--log_samples``) and scores are identical. The probed runs use
+   ``HYPERLOOM_EVAL_PROBE_SLOW_START=--slow-start`` (default ``on``, to measure the slow
+   start's cost everywhere, also where ``auto`` leaves it off). The token clock is set per
+   run so that the generation takes about ``--gen-seconds`` (more concurrency, slower
+   clock): the lm-eval start-up, the same in both arms, is then a fixed share of each run.
 2. ``python -X importtime -c pass`` under PYTHONDONTWRITEBYTECODE=1 (as InferenceX sets it)
    with the probe's sitecustomize.py, ``--startup-runs`` times: the median time of the
    ``sitecustomize`` import (the text the patcher injects, and the chaining variant), next to
    a one-line sitecustomize.py, and every module it imported (must be standard library).
 
-    python benchmarks/bench_healthy.py [--n 1319] [--concurrency 64] [--reps 3] [--json]
+    python benchmarks/bench_healthy.py [--n 1319] [--concurrency 16,64,256]
+        [--profiles lognormal,reasoning] [--reps 3] [--slow-start on] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -28,35 +36,50 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the one reader of -X importtime
 from support.importtime import sitecustomize_cost  # noqa: E402
 
-from probe.demo.localtask import write_task  # noqa: E402
-from probe.demo.simserver import SimServer  # noqa: E402
+from probe.demo.localtask import LocalTask, write_task  # noqa: E402
+from probe.demo.simserver import LENGTHS, SimServer  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
 from probe.reader.results import read_score  # noqa: E402
+from probe.runtime.contract import ENV_SLOW_START  # noqa: E402
 
 
-def healthy_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    task = write_task(work / "task", args.n)
-    site = work / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(sitecustomize_text(chain=True))
+def mean_tokens(profile: str) -> float:
+    """The mean answer length of a log-normal length profile."""
+    median, sigma = LENGTHS[profile]  # type: ignore[misc]
+    return median * math.exp(sigma**2 / 2)
+
+
+def healthy_runs(
+    args: argparse.Namespace, work: Path, task: LocalTask, site: Path, profile: str, concurrency: int
+) -> dict[str, Any]:
+    """One profile at one concurrency: unprobed and probed alternating, ``args.reps`` each."""
+    clock = args.gen_seconds * concurrency / (args.n * mean_tokens(profile))
     walls: dict[str, list[float]] = {"unprobed": [], "probed": []}
+    # From the first generate request to the last answer: the wall time without lm-eval's
+    # start-up and scoring, i.e. the part the slow start can change, as in a long real run.
+    spans: dict[str, list[float]] = {"unprobed": [], "probed": []}
     answers: dict[str, list] = {}
     scores: dict[str, set] = {"unprobed": set(), "probed": set()}
-    with SimServer("healthy", seconds_per_token=args.seconds_per_token) as server:
+    with SimServer("healthy", seconds_per_token=clock, lengths=profile) as server:
         jobs = [(rep, label) for rep in range(args.reps) for label in ("unprobed", "probed")]
-        for rep, label in tqdm(jobs, desc="healthy lm-eval runs", file=sys.stderr):
-            output = work / f"{label}-{rep}"
+        for rep, label in tqdm(jobs, desc=f"healthy {profile} C={concurrency}", file=sys.stderr):
+            output = work / f"{profile}-{concurrency}-{label}-{rep}"
             command = task.lm_eval_command(
-                server.base_url, "sim", output, args.max_tokens, args.concurrency, "--log_samples"
+                server.base_url, "sim", output, args.max_tokens, concurrency, "--log_samples"
             )
             env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}
             env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", RESULT_DIR=str(output))
             env["PYTHONPATH"] = str(site) if label == "probed" else ""
+            env[ENV_SLOW_START] = args.slow_start
+            seen = server.snapshot()["generate_requests"]
             started = time.monotonic()
             subprocess.run(command, env=env, check=True, capture_output=True)
             walls[label].append(time.monotonic() - started)
+            stats = server.snapshot()
+            spans[label].append(stats["last_completed_at"] - stats["generate_request_times"][seen])
             (samples,) = output.glob("*/samples_*.jsonl")
             rows = sorted((json.loads(line) for line in samples.read_text().splitlines()), key=lambda r: r["doc_id"])
             answers.setdefault(label, [r["resps"] for r in rows])
@@ -64,13 +87,17 @@ def healthy_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 raise SystemExit(f"{label} answers changed between repetitions: the simulated model is deterministic")
             scores[label].add(read_score(output).raw)
     ratio = statistics.median(walls["probed"]) / statistics.median(walls["unprobed"])
+    span_ratio = statistics.median(spans["probed"]) / statistics.median(spans["unprobed"])
     return {
-        "n": args.n,
-        "concurrency": args.concurrency,
-        "reps": args.reps,
+        "profile": profile,
+        "concurrency": concurrency,
+        "seconds_per_token": round(clock, 7),
         "unprobed_wall_s": [round(w, 2) for w in walls["unprobed"]],
         "probed_wall_s": [round(w, 2) for w in walls["probed"]],
         "wall_ratio_median": round(ratio, 4),
+        "unprobed_span_s": [round(w, 2) for w in spans["unprobed"]],
+        "probed_span_s": [round(w, 2) for w in spans["probed"]],
+        "span_ratio_median": round(span_ratio, 4),
         "identical_answers": answers["probed"] == answers["unprobed"],
         "scores": {k: sorted(v) for k, v in scores.items()},
     }
@@ -109,20 +136,44 @@ def startup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1319)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=2048)
-    parser.add_argument("--seconds-per-token", type=float, default=0.05, help="the healthy model's token clock")
+    parser.add_argument("--concurrency", default="16,64,256", help="comma-separated num_concurrent values")
+    parser.add_argument("--profiles", default="lognormal,reasoning", help="comma-separated length profiles")
+    parser.add_argument("--max-tokens", type=int, default=16384)
+    parser.add_argument("--gen-seconds", type=float, default=10.0, help="generation time per run the clock aims at")
+    parser.add_argument("--slow-start", default="on", help="HYPERLOOM_EVAL_PROBE_SLOW_START for the probed runs")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--startup-runs", type=int, default=30)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-healthy-"))
-    result = {"healthy": healthy_runs(args, work), "startup": startup(args, work)}
-    h, s = result["healthy"], result["startup"]
-    print(f"healthy run, N={h['n']}, C={h['concurrency']}, {h['reps']} reps each:")
-    print(f"  unprobed wall s: {h['unprobed_wall_s']}; probed wall s: {h['probed_wall_s']}")
-    print(f"  median wall-time ratio probed/unprobed: {h['wall_ratio_median']} (target <= 1.02)")
-    print(f"  identical answers: {h['identical_answers']}; scores: {h['scores']}")
+    task = write_task(work / "task", args.n)
+    site = work / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(sitecustomize_text(chain=True))
+    started = time.monotonic()
+    healthy = [
+        healthy_runs(args, work, task, site, profile, int(concurrency))
+        for profile in args.profiles.split(",")
+        for concurrency in args.concurrency.split(",")
+    ]
+    result = {
+        "n": args.n,
+        "max_tokens": args.max_tokens,
+        "reps": args.reps,
+        "slow_start": args.slow_start,
+        "healthy": healthy,
+        "healthy_minutes": round((time.monotonic() - started) / 60, 1),
+        "startup": startup(args, work),
+    }
+    print(f"healthy runs, N={args.n}, max_tokens={args.max_tokens}, {args.reps} reps each, "
+          f"probed with {ENV_SLOW_START}={args.slow_start} ({result['healthy_minutes']} min):")  # fmt: skip
+    for h in healthy:
+        print(f"  {h['profile']} C={h['concurrency']} ({h['seconds_per_token'] * 1000:.4f} ms/token): "
+              f"unprobed {h['unprobed_wall_s']} s, probed {h['probed_wall_s']} s, "
+              f"median ratio {h['wall_ratio_median']} (target <= 1.02); generation spans: unprobed "
+              f"{h['unprobed_span_s']} s, probed {h['probed_span_s']} s, median ratio {h['span_ratio_median']}; "
+              f"identical answers {h['identical_answers']}; scores {h['scores']}")  # fmt: skip
+    s = result["startup"]
     print(f"start-up (median of {s['runs']} runs of python3 -X importtime -c pass, PYTHONDONTWRITEBYTECODE=1):")
     for name in ("one_line", "probe_patch_mode", "probe_standalone"):
         print(f"  {name}: {s[name]['median_ms']} ms; imported: {s[name]['imports'] or 'nothing'}")

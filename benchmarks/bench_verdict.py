@@ -1,13 +1,17 @@
 """Time and tokens to the verdict: a never-stopping model, unprobed and probed, in one run.
 
-For each run it measures the tokens the server generated (the simulated server's
-counter, or vLLM's ``vllm:generation_tokens_total``, both counting the partial tokens of
-aborted requests), the generate requests it received, and the wall time until lm-eval
-exits; for the probed run also the time from the first request to the trip, from the
-trip to lm-eval's exit, and the generate requests received after the trip. ``one_wave_s``
-is measured first: C concurrent full-length generations sent directly to the server.
+Three lm-eval runs: unprobed; probed with the default settings (the slow start on, as
+``auto`` decides at this concurrency); probed with ``HYPERLOOM_EVAL_PROBE_SLOW_START=off``
+(a whole first wave, for comparison). For each it measures the tokens the server generated
+(the simulated server's counter, or vLLM's ``vllm:generation_tokens_total``, both counting
+the partial tokens of aborted requests), the generate requests it received, and the wall
+time until lm-eval exits; for the probed runs also the time from the first request to the
+trip, from the trip to lm-eval's exit, and the generate requests received after the trip.
+Measured first, straight against the server: one wave of MIN_SAMPLES concurrent
+full-length generations (what the slow start sends: the time one full-length generation
+takes there) and one wave of C.
 
-    python benchmarks/bench_verdict.py --server sim   # N=1319, C=64, M=16384, token clock
+    python benchmarks/bench_verdict.py --server sim   # N=1319, C=64, M=16384, 0.25 ms/token
     python benchmarks/bench_verdict.py --server vllm --vllm-python .venv-vllm/bin/python
                                                       # N=200, C=64, M=1024, a tiny Llama
 
@@ -39,6 +43,7 @@ from probe.demo.servercounters import vllm_metrics  # noqa: E402
 from probe.demo.simserver import SimServer  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
+from probe.runtime.contract import ENV_SLOW_START, Settings  # noqa: E402
 
 DEFAULTS = {"sim": (1319, 64, 16384), "vllm": (200, 64, 1024)}
 
@@ -106,7 +111,11 @@ def _watch(target: Target, total: int, label: str, done: threading.Event, base: 
             bar.refresh()
 
 
-def evaluate(target: Target, args: argparse.Namespace, work: Path, label: str, probed: bool) -> dict[str, Any]:
+def evaluate(
+    target: Target, args: argparse.Namespace, work: Path, label: str, slow_start: str | None
+) -> dict[str, Any]:
+    """One lm-eval run; ``slow_start`` None: unprobed, else probed with that knob value."""
+    probed = slow_start is not None
     task = write_task(work / "task", args.n)
     output = work / label
     lm_eval = task.lm_eval_command(
@@ -120,6 +129,8 @@ def evaluate(target: Target, args: argparse.Namespace, work: Path, label: str, p
     command = [sys.executable, "-m", "probe", "run", "--", *lm_eval] if probed else lm_eval
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE") and k != "PYTHONPATH"}
     env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    if slow_start is not None:
+        env[ENV_SLOW_START] = slow_start
     base = target.counters()
     seen_before = len(target.request_times())
     done = threading.Event()
@@ -144,7 +155,7 @@ def evaluate(target: Target, args: argparse.Namespace, work: Path, label: str, p
     if probed:
         sidecar = read_sidecar(output)
         if sidecar.state != "valid":
-            raise SystemExit(f"the probed run left no valid sidecar ({sidecar.state}); see {work / 'probed.log'}")
+            raise SystemExit(f"the probed run left no valid sidecar ({sidecar.state}); see {work / (label + '.log')}")
         tripped_at = sidecar.trip["tripped_at"]
         times = target.request_times()[seen_before:]
         figures.update(
@@ -162,7 +173,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, help="documents (default: 1319 sim, 200 vllm)")
     parser.add_argument("--concurrency", type=int, help="num_concurrent (default 64)")
     parser.add_argument("--max-tokens", type=int, help="budget per request (default: 16384 sim, 1024 vllm)")
-    parser.add_argument("--seconds-per-token", type=float, default=0.001, help="the simulated token clock")
+    parser.add_argument("--seconds-per-token", type=float, default=0.00025, help="the simulated token clock")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args()
@@ -171,17 +182,26 @@ def main() -> None:
     args.max_tokens = args.max_tokens or max_tokens
     work = Path(tempfile.mkdtemp(prefix="bench-verdict-"))
     target = Target(args.server, args, work)
+    min_samples = Settings().min_samples
     try:
-        one_wave = asyncio.run(_one_wave(target.base_url, target.model, args.concurrency, args.max_tokens))
-        print(f"one wave of {args.concurrency} x {args.max_tokens} tokens: {one_wave:.1f} s", file=sys.stderr)
+        waves = {
+            width: asyncio.run(_one_wave(target.base_url, target.model, width, args.max_tokens))
+            for width in (min_samples, args.concurrency)
+        }
+        print(f"one wave of {min_samples} / {args.concurrency} x {args.max_tokens} tokens: "
+              f"{waves[min_samples]:.1f} s / {waves[args.concurrency]:.1f} s", file=sys.stderr)  # fmt: skip
         result = {
             "server": args.server,
             "n": args.n,
             "concurrency": args.concurrency,
             "max_tokens": args.max_tokens,
-            "one_wave_s": round(one_wave, 2),
-            "unprobed": evaluate(target, args, work, "unprobed", probed=False),
-            "probed": evaluate(target, args, work, "probed", probed=True),
+            "min_samples": min_samples,
+            "seconds_per_token": args.seconds_per_token if args.server == "sim" else None,
+            "one_generation_s": round(waves[min_samples], 2),
+            "one_wave_s": round(waves[args.concurrency], 2),
+            "unprobed": evaluate(target, args, work, "unprobed", None),
+            "probed": evaluate(target, args, work, "probed", "auto"),
+            "probed_slow_start_off": evaluate(target, args, work, "probed_slow_start_off", "off"),
         }
     finally:
         target.close()
@@ -190,25 +210,39 @@ def main() -> None:
         print(json.dumps(result))
 
 
+def _saving(run: dict[str, Any], unprobed: dict[str, Any], key: str) -> str:
+    return f"{1 - run[key] / unprobed[key]:.1%}"
+
+
 def check(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
 def _report(r: dict[str, Any]) -> str:
-    u, p = r["unprobed"], r["probed"]
-    cap = r["concurrency"] * r["max_tokens"]
-    return "\n".join([
-        f"server {r['server']}: N={r['n']}, C={r['concurrency']}, M={r['max_tokens']}, one wave {r['one_wave_s']} s",
+    u, p, off = r["unprobed"], r["probed"], r["probed_slow_start_off"]
+    floor = r["min_samples"] * r["max_tokens"]
+    one = r["one_generation_s"]
+    lines = [
+        f"server {r['server']}: N={r['n']}, C={r['concurrency']}, M={r['max_tokens']}, "
+        f"one full-length generation (a wave of {r['min_samples']}) {one} s, a wave of C {r['one_wave_s']} s",
         f"  unprobed: {u['tokens']:,} tokens, {u['requests']} requests, {u['wall_s']} s, verdict {u['verdict']}",
-        f"  probed:   {p['tokens']:,} tokens, {p['requests']} requests, {p['wall_s']} s, verdict {p['verdict']}",
-        f"  probed tokens / (C x M) = {p['tokens'] / cap:.3f} (target <= 1.15: {check(p['tokens'] <= 1.15 * cap)})",
-        f"  trip after {p['trip_s']} s = {p['trip_s'] / r['one_wave_s']:.2f} x one wave "
-        f"(target <= 1.2: {check(p['trip_s'] <= 1.2 * r['one_wave_s'])})",
-        f"  lm-eval exited {p['exit_after_trip_s']} s after the trip; "
-        f"{p['requests_after_trip']} generate requests after the trip "
-        f"(target 0: {check(p['requests_after_trip'] == 0)})",
-        f"  token saving: {1 - p['tokens'] / u['tokens']:.1%}; wall-time saving: {1 - p['wall_s'] / u['wall_s']:.1%}",
-    ])  # fmt: skip
+    ]
+    for name, f in (("probed", p), ("probed, slow start off", off)):
+        lines += [
+            f"  {name}: {f['tokens']:,} tokens ({f['tokens'] / floor:.3f} x MIN_SAMPLES x M), {f['requests']} "
+            f"requests, {f['wall_s']} s, verdict {f['verdict']}; trip after {f['trip_s']} s "
+            f"({f['trip_s'] / one:.2f} x one generation), exit {f['exit_after_trip_s']} s after it, "
+            f"{f['requests_after_trip']} requests after it, {f['cancelled_in_flight']} cancelled in flight",
+        ]
+    lines += [
+        f"  targets (probed): tokens <= 1.15 x MIN_SAMPLES x M: {check(p['tokens'] <= 1.15 * floor)}; "
+        f"trip <= 1.2 x one generation: {check(p['trip_s'] <= 1.2 * one)}; "
+        f"lm-eval exits within 5 s of it: {check(p['exit_after_trip_s'] <= 5)}; "
+        f"no request after the trip: {check(p['requests_after_trip'] == 0)}",
+        f"  saving: tokens {_saving(p, u, 'tokens')} (slow start off: {_saving(off, u, 'tokens')}); "
+        f"wall time {_saving(p, u, 'wall_s')} (slow start off: {_saving(off, u, 'wall_s')})",
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

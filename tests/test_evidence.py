@@ -133,6 +133,8 @@ def test_switch_off(value: str) -> None:
         (contract.ENV_MIN_MAX_TOKENS, "-1"),
         (contract.ENV_MIN_MAX_TOKENS, "lots"),
         (contract.ENV_SWITCH, "maybe"),
+        (contract.ENV_SLOW_START, "sometimes"),
+        (contract.ENV_SLOW_START, "64"),
     ],
 )
 def test_bad_knob_warns_with_name_and_value_and_uses_default(name: str, value: str) -> None:

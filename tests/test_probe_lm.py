@@ -222,6 +222,9 @@ def test_after_the_trip_no_generate_request_reaches_the_server_and_in_flight_one
     sim, result_dir, monkeypatch
 ) -> None:
     monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "2")
+    # A whole wave in flight, as without the slow start: under it a never-stopping model
+    # has nothing in flight at the trip (see test_slow_start_*).
+    monkeypatch.setenv(contract.ENV_SLOW_START, "off")
     server = sim("never_stop", seconds_per_token=0.0002, jitter=2.0)  # 0.4 s to 1.2 s each
     assert install.install()
     started = time.monotonic()
@@ -244,6 +247,56 @@ def test_after_the_trip_no_generate_request_reaches_the_server_and_in_flight_one
     real = [a for a in answers if a]
     assert 2 <= len(real) <= stats["completed"] and all(a.startswith(" and") for a in real)
     assert elapsed < 30  # sanity bound only: the cancelled requests were not waited out
+
+
+def test_slow_start_a_never_stopping_model_reaches_the_server_min_samples_times(sim, probed, result_dir) -> None:
+    server = sim("never_stop", seconds_per_token=0.0001)  # 0.2 s per generation
+    answers = generate(completions(server.base_url, num_concurrent=64), 100)
+    stats = server.snapshot()
+    assert stats["generate_requests"] == 16 and stats["aborted"] == 0
+    real = [a for a in answers if a]
+    assert len(real) == 16 and all(a.startswith(" and") for a in real) and answers.count("") == 84
+    probed.finalise()
+    sidecar = _sidecar(result_dir)
+    assert (sidecar["verdict"]["observations"], sidecar["final"]["cancelled_in_flight"]) == (16, 0)
+    assert sidecar["verdict"]["settings"][contract.ENV_SLOW_START] == "auto"
+
+
+def test_slow_start_widens_as_a_healthy_model_stops_and_no_answer_changes(sim, result_dir) -> None:
+    server = sim("healthy", seconds_per_token=0.001, lengths="lognormal")  # about 0.3 s per answer
+    unprobed = generate(completions(server.base_url, num_concurrent=64), 200)
+    before = server.snapshot()
+    assert install.install()
+    try:
+        probed_answers = generate(completions(server.base_url, num_concurrent=64), 200)
+    finally:
+        install.uninstall()
+    assert probed_answers == unprobed == [f" {3 * i + 1}" for i in range(200)]
+    stats = server.snapshot()
+    start = before["generate_requests"]
+    arrivals = list(zip(stats["in_flight_at_arrival"][start:], stats["stopped_at_arrival"][start:], strict=True))
+    assert len(arrivals) == 200
+    # 16 requests before any answer, then 8 more (2 x 64 / 16) per answer that stopped...
+    for sent, (_, stopped) in enumerate(arrivals, start=1):
+        assert sent <= 16 + 8 * (stopped - before["stopped"]), (sent, stopped - before["stopped"])
+    # ...until all 64 are in flight, as without the probe.
+    assert max(in_flight for in_flight, _ in arrivals) == 64
+    assert max(before["in_flight_at_arrival"]) == 64
+
+
+@pytest.mark.parametrize(("mode", "concurrency"), [("off", 32), ("auto", 128)])
+def test_without_the_slow_start_a_whole_wave_is_sent(sim, result_dir, monkeypatch, mode, concurrency) -> None:
+    monkeypatch.setenv(contract.ENV_SLOW_START, mode)
+    server = sim("never_stop", seconds_per_token=0.001)  # 2 s per generation: the wave is all sent first
+    assert install.install()
+    try:
+        answers = generate(completions(server.base_url, num_concurrent=concurrency), concurrency + 8)
+    finally:
+        install.uninstall()
+    # The whole first wave reached the server (and places freed by the first answers at the
+    # cap let a few more in before the 16th arrived).
+    assert server.snapshot()["generate_requests"] >= concurrency
+    assert "" in answers and len([a for a in answers if a]) >= 16
 
 
 def test_loglikelihood_is_never_short_circuited(sim, probed, result_dir) -> None:

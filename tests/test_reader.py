@@ -126,11 +126,13 @@ def test_contract_follows_effective_values() -> None:
         "HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": 16,
         "HYPERLOOM_EVAL_PROBE_LENGTH_RATIO": 0.75,
         "HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS": 1024,
+        "HYPERLOOM_EVAL_PROBE_SLOW_START": "auto",
     }
     assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "junk"})
     assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "16"})
     assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "32"})
     assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE": "off"})
+    assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE_SLOW_START": "off"})
 
 
 @pytest.fixture(scope="module")

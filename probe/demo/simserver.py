@@ -4,7 +4,9 @@ Serves ``/v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1 (aiohttp) a
 behaves like a chosen kind of model:
 
 - ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``);
-- ``healthy``: answers the last ``a + b`` in the prompt in a few tokens (``stop``);
+- ``healthy``: answers the last ``a + b`` in the prompt (``stop``), in as many tokens as
+  its length profile says: ``short`` (a few), ``lognormal`` (around 300, as chat answers
+  vary) or ``reasoning`` (around 3,000, as a thinking model's do), fixed per prompt;
 - ``mixed``: a chosen fraction of prompts (picked by a hash of the prompt) runs to the cap;
 - ``repetition``: vLLM's repetition detector ends every generation (``repetition``);
 - ``window``: every generation hits the context window (``length`` below ``max_tokens``);
@@ -18,14 +20,17 @@ broken, against one server).
 
 A token clock (seconds per generated token) makes generations take time; when a client
 drops a request, the tokens generated so far are counted and the request is counted
-as aborted, as vLLM does. ``GET /stats`` returns the counters.
+as aborted, as vLLM does. ``GET /stats`` returns the counters, including how many generate
+requests were in flight when each one arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import re
+import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +39,9 @@ from typing import Any
 from aiohttp import web
 
 MODES = ("never_stop", "healthy", "mixed", "repetition", "window", "reasoning", "empty", "malformed")
+# Length profiles of a stopping answer: (median tokens, sigma of the log), None for "short".
+# Log-normal, because answer lengths are: a long right tail, never below one token.
+LENGTHS: dict[str, tuple[float, float] | None] = {"short": None, "lognormal": (300, 0.6), "reasoning": (3000, 0.5)}
 _SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
 
 
@@ -47,6 +55,13 @@ class Stats:
     completed: int = 0
     aborted: int = 0
     generate_request_times: list = field(default_factory=list)
+    # Generate requests being generated when each one arrived (itself included), in order.
+    in_flight_at_arrival: list = field(default_factory=list)
+    # Generate requests answered with finish_reason "stop" when each one arrived, in order.
+    stopped_at_arrival: list = field(default_factory=list)
+    stopped: int = 0
+    in_flight: int = 0
+    last_completed_at: float = 0.0  # time.time() of the last generation that ran to its end
 
 
 def healthy_answer(prompt: str) -> str:
@@ -75,6 +90,17 @@ def _at_cap(prompt: str, fraction: float) -> bool:
     return _fraction(prompt) < fraction
 
 
+def answer_tokens(prompt: str, profile: str, answer: str) -> int:
+    """How many tokens a stopping answer to ``prompt`` takes under a length profile (fixed per prompt)."""
+    shape = LENGTHS[profile]
+    if shape is None:
+        return len(answer.split()) + 1
+    median, sigma = shape
+    # Salted, so that the length does not follow the at-cap choice of the "mixed" mode.
+    u = min(max(_fraction("length:" + prompt), 1e-9), 1 - 1e-9)
+    return max(1, round(median * math.exp(sigma * statistics.NormalDist().inv_cdf(u))))
+
+
 class SimServer:
     """The server, run on its own event loop in a background thread.
 
@@ -90,9 +116,13 @@ class SimServer:
         malformed_body: Any = None,
         jitter: float = 0.0,
         loop_marker: str | None = None,
+        lengths: str = "short",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if lengths not in LENGTHS:
+            raise ValueError(f"unknown length profile {lengths!r}; choose one of {', '.join(LENGTHS)}")
+        self.lengths = lengths
         self.mode = mode
         self.seconds_per_token = seconds_per_token
         self.cap_fraction = cap_fraction
@@ -192,7 +222,17 @@ class SimServer:
         # Jitter stretches each request's clock by up to that fraction, so that requests
         # started together do not all end in the same instant.
         stretch = 1.0 + self.jitter * _fraction(prompts[0])
-        await self._generate(longest * stretch, sum(tokens for _, tokens, _ in plans))
+        with self._lock:
+            self.stats.in_flight += 1
+            self.stats.in_flight_at_arrival.append(self.stats.in_flight)
+            self.stats.stopped_at_arrival.append(self.stats.stopped)
+        try:
+            await self._generate(longest * stretch, sum(tokens for _, tokens, _ in plans))
+        finally:
+            with self._lock:
+                self.stats.in_flight -= 1
+        with self._lock:
+            self.stats.stopped += all(reason == "stop" for _, _, reason in plans)
         choices = []
         for index, (text, _tokens, reason) in enumerate(plans):
             choices.append({"index": index, "finish_reason": reason, **self._body(text, chat)})
@@ -225,7 +265,10 @@ class SimServer:
             return "", 1, "stop"
         if self.mode == "healthy" or (self.mode == "mixed" and not _at_cap(prompt, self.cap_fraction)):
             answer = healthy_answer(prompt)
-            return answer, min(max_tokens, len(answer.split()) + 1), "stop"
+            tokens = answer_tokens(prompt, self.lengths, answer)
+            # Only the token count follows the profile; the text stays the answer, so that
+            # runs under every profile score alike. A planned length past the cap is cut there.
+            return answer, min(max_tokens, tokens), "stop" if tokens < max_tokens else "length"
         if self.mode == "repetition":
             tokens = min(max_tokens, 64)
             return " again" * tokens, tokens, "repetition"
@@ -247,6 +290,7 @@ class SimServer:
         with self._lock:
             self.stats.tokens_generated += total_tokens
             self.stats.completed += 1
+            self.stats.last_completed_at = time.time()
 
     def _loglikelihood(self, payload: dict[str, Any]) -> web.Response:
         """Echoed log-probabilities, one per prompt token (a token is a list item)."""

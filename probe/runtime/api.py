@@ -1,7 +1,8 @@
 """Glue for lm-eval's API models (``TemplateAPI``): the async and the sync request paths.
 
-- ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate, runs as a task of its
-  own so that a trip can cancel it, and answers blank once its group has tripped.
+- ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate (which starts slow and
+  learns from each finished call), runs as a task of its own so that a trip can cancel it,
+  and answers blank once its group has tripped.
 - ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
 - Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
+from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
 from probe.runtime.patching import MARKER, is_ours, mark, replace, wrap
 
@@ -97,12 +99,13 @@ async def _run_async(
     if group.tripped:
         return probe.blanks(request)
     try:
-        gate = probe.gates.for_running_loop(lm)
+        gate = probe.gates.for_running_loop(lm, request.is_evidence)
     except Exception as error:
         probe.errors.report("gate", error)
         gate = None
     if gate is not None:
         await gate.acquire()
+    answered = False
     try:
         if group.tripped:  # tripped while this request waited at the gate
             return probe.blanks(request)
@@ -124,10 +127,21 @@ async def _run_async(
             group.inflight.discard(inner)
         if request.cancelled_by_probe and (inner.cancelled() or inner.exception() is not None):
             return probe.blanks(request, cancelled=True)
-        return inner.result()
+        answers = inner.result()
+        answered = True
+        return answers
     finally:
         if gate is not None:
-            gate.release()
+            _release(probe, gate, answered, request)
+
+
+def _release(probe: state.Probe, gate: Gate, answered: bool, request: Request) -> None:
+    """Give the call's place back and tell the slow start what its answer showed; never raises."""
+    group = request.group
+    try:
+        gate.release(answered, request.labels, group.tripped, group.trip_failed)
+    except Exception as error:
+        probe.errors.report("gate", error)
 
 
 def _probed_model_call(original: Callable) -> Callable:

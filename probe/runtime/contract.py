@@ -30,6 +30,9 @@ ENV_SWITCH = "HYPERLOOM_EVAL_PROBE"
 ENV_MIN_SAMPLES = "HYPERLOOM_EVAL_PROBE_MIN_SAMPLES"
 ENV_LENGTH_RATIO = "HYPERLOOM_EVAL_PROBE_LENGTH_RATIO"
 ENV_MIN_MAX_TOKENS = "HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS"
+ENV_SLOW_START = "HYPERLOOM_EVAL_PROBE_SLOW_START"
+# auto: the gate decides per batch where the slow start was measured to be cheap (gate.py).
+SLOW_START_MODES = ("auto", "on", "off")
 RESULT_DIR_VARS = ("RESULT_DIR", "EVAL_RESULT_DIR")
 # Set by `eval-probe run`: where to write, at exit, what the probe observed (tripped or not).
 ENV_REPORT = "HYPERLOOM_EVAL_PROBE_REPORT"
@@ -57,6 +60,7 @@ class Settings:
     min_samples: int = 16
     length_ratio: float = 0.75
     min_max_tokens: int = 1024
+    slow_start: str = "auto"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +68,7 @@ class Settings:
             ENV_MIN_SAMPLES: self.min_samples,
             ENV_LENGTH_RATIO: self.length_ratio,
             ENV_MIN_MAX_TOKENS: self.min_max_tokens,
+            ENV_SLOW_START: self.slow_start,
         }
 
 
@@ -93,6 +98,18 @@ def _parse_switch(raw: str) -> tuple[bool, str | None]:
     if text in ON_VALUES:
         return True, None
     return True, f"{ENV_SWITCH}={raw!r} is not one of {'/'.join(OFF_VALUES)} (off) or 1/true/on; the probe stays on"
+
+
+def _parse_slow_start(raw: str) -> tuple[str, str | None]:
+    # The switch's own spellings are accepted too, so that "0" or "true" mean what they say.
+    text = raw.strip().lower()
+    if text in ("", "auto"):
+        return "auto", None
+    if text in OFF_VALUES:
+        return "off", None
+    if text in ON_VALUES:
+        return "on", None
+    return "auto", f"{ENV_SLOW_START}={raw!r} is not one of {'/'.join(SLOW_START_MODES)}; using the default auto"
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
@@ -131,6 +148,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
             lambda raw: _parse_int(ENV_MIN_MAX_TOKENS, raw, defaults.min_max_tokens, 0),
             defaults.min_max_tokens,
         ),
+        slow_start=pick(ENV_SLOW_START, _parse_slow_start, defaults.slow_start),
     )
     return settings, warnings
 

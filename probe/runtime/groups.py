@@ -50,6 +50,8 @@ class Request:
     observed: bool = False
     cancelled_by_probe: bool = False
     backend: str = "api"  # which of lm-eval's backends made it: "api" or "vllm" (in-process)
+    # What its response said, once observed (None: never observed); the gate learns from it.
+    labels: list[str] | None = None
 
     @property
     def n_answers(self) -> int:

@@ -43,7 +43,7 @@ class Probe:
         self.backends: set[str] = set()  # lm-eval's backends seen making generate requests
         self.ownership = SidecarOwnership()
         self.errors = ErrorReports()
-        self.gates = Gates()
+        self.gates = Gates(settings)
 
     @property
     def run_id(self) -> str:
@@ -118,7 +118,9 @@ class Probe:
                 self.tasks.of(task).add(choice, request.max_tokens, request.is_evidence)
             if not request.is_evidence:
                 return
-            group.tally.add([choice.label for choice in choices], request.max_tokens)
+            # The gate's slow start learns from what the request's answers said.
+            request.labels = [choice.label for choice in choices]
+            group.tally.add(request.labels, request.max_tokens)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
                 self._trip(group, request.lm, request.backend)
 

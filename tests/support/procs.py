@@ -19,6 +19,7 @@ PROBE_VARS = (
     contract.ENV_MIN_SAMPLES,
     contract.ENV_LENGTH_RATIO,
     contract.ENV_MIN_MAX_TOKENS,
+    contract.ENV_SLOW_START,
     contract.ENV_REPORT,
     contract.ENV_RUN_ID,
     *contract.RESULT_DIR_VARS,
