@@ -26,15 +26,16 @@ EPILOG = """commands:
   demo     start a simulated never-stopping server, evaluate a bundled task with lm-eval
            unprobed and probed, and compare them (no GPU, no download)
   run      run any command (typically python -m lm_eval ...) with the probe active
-  read     turn a result directory into a verdict (ok / below_floor / unavailable)
+  read     turn a result directory into a verdict per task (ok / below_floor / unavailable)
   patch    put the probe into InferenceX's benchmark_lib.sh (or check, unpatch, preview)
   install  write the probe as DIR/sitecustomize.py for any lm-eval run
   body     print the exact text that gets injected into a sitecustomize.py
 
 knobs (environment): HYPERLOOM_EVAL_PROBE=0|false|off disables the probe;
-HYPERLOOM_EVAL_PROBE_MIN_SAMPLES (16), HYPERLOOM_EVAL_PROBE_LENGTH_RATIO (0.75),
-HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024). The sidecar goes to $RESULT_DIR, else
-$EVAL_RESULT_DIR, else the current directory."""
+HYPERLOOM_EVAL_PROBE_MIN_SAMPLES (16), HYPERLOOM_EVAL_PROBE_LENGTH_RATIO (0.75, 0.5 to 1),
+HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024), HYPERLOOM_EVAL_PROBE_SLOW_START (auto|on|off).
+The sidecar goes to $RESULT_DIR, else $EVAL_RESULT_DIR, else the current directory; the
+evidence of every task also goes into lm-eval's results_*.json (hyperloom_eval_probe)."""
 
 
 class _Parser(argparse.ArgumentParser):
