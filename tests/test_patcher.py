@@ -317,7 +317,9 @@ def test_a_symlinked_script_is_patched_through_the_link(tree, tmp_path: Path) ->
 def test_a_hand_edited_block_is_not_current_and_patch_restores_it(tree) -> None:
     assert patch_file(tree, payload()).code == 0
     patched = tree.read_text()
-    tree.write_text(patched.replace("HYPERLOOM_EVAL_PROBE_MIN_SAMPLES", "HYPERLOOM_EVAL_PROBE_MIN_SAMPLEZ", 1))
+    edited = patched.replace("def _lm_eval_probe_start(origin):", "def _lm_eval_probe_start(origin):  # mine", 1)
+    assert edited != patched
+    tree.write_text(edited)
     check = eval_probe("patch", "--check", str(tree))
     assert check.returncode == errors.NOT_CURRENT and "edited" in check.stdout
     run = eval_probe("patch", str(tree))

@@ -74,7 +74,7 @@ def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path)
     assert probed_tokens <= 1.15 * CONCURRENCY * MAX_TOKENS
     assert probed_tokens < unprobed_tokens / 3
     read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
-    verdict = json.loads(read.stdout)
+    (verdict,) = json.loads(read.stdout)  # one task: one verdict
     assert read.returncode == 1 and verdict["status"] == "below_floor"
     assert verdict["pathology"]["pathology"] == contract.PATHOLOGY and verdict["pathology"]["max_tokens"] == [
         MAX_TOKENS
