@@ -8,6 +8,7 @@ are idempotent and never raise: an error is reported once and lm-eval runs unpro
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import sys
 from typing import Any
@@ -28,13 +29,7 @@ from probe.runtime.vllm_offline import is_installed as is_vllm_installed
 def install(api_models: Any = None) -> bool:
     """Patch lm-eval's API models; True when the probe is active afterwards."""
     try:
-        if not _activate():
-            return False
-        if api_models is None:
-            import lm_eval.models.api_models as api_models
-        if not is_installed(api_models):
-            install_api(api_models)
-        return True
+        return _install_backend(api_models, "lm_eval.models.api_models", is_installed, install_api)
     except Exception as error:
         say(f"could not install ({error!r}); lm-eval runs unprobed")
         uninstall()
@@ -48,16 +43,22 @@ def install_vllm(vllm_causallms: Any = None) -> bool:
     this backend runs unprobed.
     """
     try:
-        if not _activate():
-            return False
-        if vllm_causallms is None:
-            import lm_eval.models.vllm_causallms as vllm_causallms
-        if not is_vllm_installed(vllm_causallms):
-            install_offline_vllm(vllm_causallms)
-        return True
+        return _install_backend(vllm_causallms, "lm_eval.models.vllm_causallms", is_vllm_installed,
+                                install_offline_vllm)  # fmt: skip
     except Exception as error:
         say(f"could not install on lm-eval's vLLM backend ({error!r}); it runs unprobed")
         return False
+
+
+def _install_backend(module: Any, name: str, installed: Any, patch: Any) -> bool:
+    """Activate the probe and patch one backend's module (imported by ``name`` when not given)."""
+    if not _activate():
+        return False
+    if module is None:
+        module = importlib.import_module(name)
+    if not installed(module):
+        patch(module)
+    return True
 
 
 # What the start-up stub waits for (bootstrap.TARGETS), and what installs on each.
