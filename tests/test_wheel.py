@@ -22,8 +22,10 @@ pytestmark = pytest.mark.release_independent
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("probe", "patcher")
-# What a build or a test run leaves in the tree: never part of the project.
-LEFTOVERS = ("__pycache__", "*.pyc", ".venv*", ".git", "build", "dist", "*.egg-info", ".*_cache")
+# What a build reads besides the packages (pyproject.toml names README.md as the readme).
+BUILD_INPUTS = ("pyproject.toml", "README.md")
+# What running the code leaves in the packages: never part of the project.
+LEFTOVERS = ("__pycache__", "*.pyc")
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -42,7 +44,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel pip builds from a copy of the tree (a build writes into the tree it builds)."""
     work = tmp_path_factory.mktemp("wheel")
     source = work / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*LEFTOVERS), symlinks=True)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns(*LEFTOVERS))
+    for name in BUILD_INPUTS:
+        shutil.copy(ROOT / name, source / name)
     build = subprocess.run(
         [PYTHON, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", str(work), str(source)],
         capture_output=True, text=True, timeout=600,
