@@ -68,6 +68,8 @@ def run(command: list[str], result_dir: str | None = None) -> int:
             processgroup.remove_when_empty(group, site)
             _say(_left_behind_warning(left_behind, site, result))
         line = summary(result, report, -status if status < 0 else None, started)
+        if left_behind:
+            line += f"; still running then: {len(left_behind)} process(es) it started (listed above)"
         if made is not None and any(made.iterdir()):
             line += f"; results kept in {made}"
         _say(line)

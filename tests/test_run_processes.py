@@ -92,7 +92,8 @@ def test_what_outlives_a_signal_is_named_and_stays_probed(tmp_path: Path) -> Non
         assert proc.returncode == 128 + signal.SIGTERM
         [warning] = [line for line in err.splitlines() if "WARNING" in line]
         assert f"1 process(es) it started still run: {pid} {PYTHON} -c import os" in warning
-        assert "ended by signal 15 (SIGTERM)" in err
+        [summary] = [line for line in err.splitlines() if line.startswith("[lm-eval-probe] summary:")]
+        assert "ended by signal 15 (SIGTERM)" in summary and "still running then: 1 process(es)" in summary
         assert alive(pid) and len(probe_sites(tmp_path)) == 1  # kept for the process still running
     finally:
         os.kill(pid, signal.SIGKILL)
