@@ -7,13 +7,12 @@ import sys
 import textwrap
 from typing import TextIO
 
-# Below this a terminal is too narrow to be told apart from a wrong measurement: use it anyway,
-# but never wrap to a width that leaves no room for a word.
+# A narrower width (a tiny window, or COLUMNS=1) would put every word on a line of its own.
 _NARROWEST = 20
 
 
 def wrap(text: str, width: int) -> str:
-    """``text`` with every line longer than ``width`` wrapped at spaces; a wrapped line's
+    """``text`` with every line longer than ``width`` (20 at least) wrapped at spaces; a wrapped line's
     continuation is indented two spaces more than the line itself. Words are never broken,
     nothing is added or removed but whitespace at the breaks, and short lines are kept as they are."""
     out: list[str] = []
