@@ -7,6 +7,7 @@ two runs are compared side by side, followed by the reader's verdict.
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 from patcher.install import install
 from probe import exitcodes
 from probe.demo.localtask import offline_env, write_task
-from probe.demo.servercounters import server_counters
+from probe.demo.servercounters import UNREADABLE, server_counters
 from probe.demo.simserver import SimServer
 from probe.inject import payload
 from probe.reader.verdict import classify, describe
@@ -67,8 +68,10 @@ def unreachable(base_url: str, timeout: float = 10) -> str | None:
             return None
     except urllib.error.HTTPError:
         return None
-    except (OSError, ValueError) as error:  # URLError, refused, timed out; ValueError: not a URL
-        return str(getattr(error, "reason", None) or error)
+    except http.client.HTTPException as error:  # BadStatusLine, LineTooLong: something answers, not HTTP
+        return f"it does not answer HTTP: {type(error).__name__}"
+    except (*UNREADABLE, ValueError) as error:  # URLError, refused, timed out, not HTTP; ValueError: not a URL
+        return str(getattr(error, "reason", None) or error) or type(error).__name__
 
 
 def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[], Counters]) -> tuple[int, float]:
