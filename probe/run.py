@@ -60,12 +60,12 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         # A trip recorded before the command started is a leftover, not this command's. (Each
         # lm-eval evaluation in the command has a run identity of its own, so time decides here.)
         started = time.time()
-        ran = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}")
+        ran = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}", str(site))
         if ran is None:
             return 127
         status, group, left_behind = ran
         if left_behind:
-            processgroup.remove_when_empty(group, site)
+            processgroup.remove_when_empty(group, site, str(site))
             _say(_left_behind_warning(left_behind, site, result))
         line = summary(result, report, -status if status < 0 else None, started)
         if left_behind:
@@ -102,10 +102,12 @@ def _die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str], started: str) -> tuple[int, int, list[str]] | None:
+def _run_forwarding_signals(
+    command: list[str], env: dict[str, str], started: str, marker: str
+) -> tuple[int, int, list[str]] | None:
     """Run ``command``; None if it could not start, else its exit status (negative: the signal
-    that ended it), its process group, and the processes of that group still running once it
-    and a short grace period have ended."""
+    that ended it), its process group, and the processes still running once it and a short grace
+    period have ended: those of its group, and those whose environment holds ``marker``."""
     try:
         # Its own session, so its own process group: a terminal's Ctrl-C reaches it once, through
         # us, and what we pass on reaches everything it started (bash -c "python -m lm_eval ...").
@@ -122,7 +124,7 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str], started: st
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
         status = child.wait()
-        return status, group, processgroup.wait_until_empty(group, _GRACE_S)
+        return status, group, processgroup.wait_until_empty(group, _GRACE_S, marker)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -134,7 +136,8 @@ def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:
         + "; ".join(members)
         + f". The probe stays available to them ({site} is removed once they have all ended), and their "
         f"sidecar and results go to {result}; the summary below does not cover what they do: run "
-        f"eval-probe read {result} once they finish. (A process that left the group with setsid is not seen.)"
+        f"eval-probe read {result} once they finish. Signals sent to eval-probe no longer reach them, and never "
+        "reached one outside its process group (setsid)."
     )
 
 

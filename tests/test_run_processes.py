@@ -134,3 +134,32 @@ def test_members_lists_each_live_process_of_the_group_once(tmp_path: Path) -> No
         leader.wait()
     assert eventually(lambda: processgroup.members(leader.pid) == [])
     processgroup.signal_group(leader.pid, signal.SIGTERM)  # an empty group: nothing happens, no error
+
+
+def test_a_process_that_left_the_group_with_setsid_is_named_and_stays_probed(tmp_path: Path) -> None:
+    # `setsid lm_eval ... &` in a pipeline script. Before: nothing was said, and the probe's
+    # directory was removed while the detached Python still had to start: it ran unprobed.
+    seen = tmp_path / "seen.txt"
+    late = f"import sitecustomize, pathlib; pathlib.Path({str(seen)!r}).write_text(sitecustomize.__file__)"
+    proc = runner(tmp_path, f'setsid bash -c "sleep 3; {PYTHON} -c \\"\\$0\\"" "$0" >/dev/null 2>&1 &', late)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    [warning] = [line for line in err.splitlines() if "WARNING" in line]
+    assert "sleep 3" in warning and "outside its process group" in warning, err
+    assert eventually(seen.exists), "the detached process never ran probed"
+    assert Path(seen.read_text()).parent.parent == tmp_path / "scratch"
+    assert eventually(lambda: probe_sites(tmp_path) == []), "the probe's directory outlived the last process"
+
+
+def test_members_skips_zombies_of_a_group_and_the_remover_does_not_wait_for_them(tmp_path: Path) -> None:
+    # A group whose only process left is a zombie nobody reaps: nothing runs there any more.
+    site = tmp_path / "site"
+    site.mkdir()
+    leader = subprocess.Popen(["sleep", "0.1"], start_new_session=True)
+    try:
+        assert eventually(lambda: not alive(leader.pid))  # a zombie: not reaped yet
+        assert processgroup.members(leader.pid) == []
+        processgroup.remove_when_empty(leader.pid, site)
+        assert eventually(lambda: not site.exists(), 10), "the remover waited on a zombie"
+    finally:
+        leader.wait()
