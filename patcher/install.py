@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+from importlib.machinery import (
+    BYTECODE_SUFFIXES,
+    EXTENSION_SUFFIXES,
+    SOURCE_SUFFIXES,
+    ExtensionFileLoader,
+    FileFinder,
+    SourceFileLoader,
+    SourcelessFileLoader,
+)
 from pathlib import Path
 
 from patcher.errors import FILE_PROBLEM, PatchError
@@ -16,18 +25,26 @@ def install(directory: Path, payload: Payload) -> Outcome:
 
     Idempotent; a newer body replaces an older block. A file we create ourselves also
     runs the sitecustomize.py it shadows further along sys.path, so installing the probe
-    never silently disables someone else's start-up code.
+    never silently disables someone else's start-up code. ``DIR`` itself is created when
+    its parent exists (a mistyped parent is a PatchError, not a new tree); what Python
+    would import as ``sitecustomize`` from ``DIR`` instead of the file (a package, an
+    extension module) is refused before anything is written.
     """
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise PatchError(FILE_PROBLEM, f"{directory}: cannot create the directory ({error.strerror})") from None
+    created = _make_directory(directory)
     site = directory / "sitecustomize.py"
+    shadow = _shadowing(directory)
+    if shadow is not None:
+        raise PatchError(
+            FILE_PROBLEM,
+            f"{shadow}: Python imports this as sitecustomize from {directory}, before any sitecustomize.py, "
+            "so the probe would never load; remove or rename it, or install into another directory",
+        )
     real = target(site, must_exist=False)  # a symlinked sitecustomize.py is changed at its target
     with locked(real):
         if not real.exists():
             replace(real, payload.standalone)
-            return Outcome(0, f"{site}: written; add {directory} to PYTHONPATH to activate the probe")
+            made = f"{directory} created, " if created else ""
+            return Outcome(0, f"{site}: {made}written; add {directory} to PYTHONPATH to activate the probe")
         text = read_text(real)
         lines = text.splitlines(keepends=True)
         found = SITECUSTOMIZE.find_one(lines)
@@ -42,3 +59,39 @@ def install(directory: Path, payload: Payload) -> Outcome:
             return Outcome(0, f"{site}: already holds this probe; nothing changed")
         replace(real, new)
         return Outcome(0, f"{site}: probe block upgraded from {found.version}")
+
+
+def _make_directory(directory: Path) -> bool:
+    """Make ``directory`` unless it exists; True when it was made. Its parent must exist."""
+    if directory.is_dir():
+        return False
+    if directory.exists() or directory.is_symlink():
+        raise PatchError(FILE_PROBLEM, f"{directory}: not a directory")
+    if not directory.parent.is_dir():
+        raise PatchError(FILE_PROBLEM, f"{directory.parent}: no such directory (create it first, or check the path)")
+    try:
+        directory.mkdir()
+    except OSError as error:
+        raise PatchError(FILE_PROBLEM, f"{directory}: cannot create the directory ({error.strerror})") from None
+    return True
+
+
+def _shadowing(directory: Path) -> Path | None:
+    """What Python finds as ``sitecustomize`` in ``directory`` ahead of ``sitecustomize.py``
+    (a regular package, an extension module), or None when the file would be the one imported.
+
+    Asked of a fresh FileFinder (no cached listing), the one Python uses for a path entry: a
+    package directory comes first, then extension modules, then source, then bytecode.
+    """
+    loaders = (
+        (ExtensionFileLoader, EXTENSION_SUFFIXES),
+        (SourceFileLoader, SOURCE_SUFFIXES),
+        (SourcelessFileLoader, BYTECODE_SUFFIXES),
+    )
+    spec = FileFinder(str(directory), *loaders).find_spec("sitecustomize")
+    if spec is None or spec.origin is None:  # nothing there, or only a namespace portion, which a module beats
+        return None
+    is_package = spec.submodule_search_locations is not None
+    if is_package or isinstance(spec.loader, ExtensionFileLoader):
+        return Path(spec.origin).parent if is_package else Path(spec.origin)
+    return None

@@ -129,9 +129,27 @@ def _keep_owner_and_mode(handle: int, path: Path, info: os.stat_result) -> None:
     os.fchmod(handle, stat.S_IMODE(info.st_mode))  # after fchown, which may clear set-id bits
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (``os.umask`` can
+    only set it, and setting it for a moment would race with other threads)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text(encoding="ascii", errors="replace").splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The permission bits a file created the ordinary way (``open(path, "w")``) gets here."""
+    return 0o666 & ~_umask()
+
+
 def replace(path: Path, text: str, check: Callable[[Path], str | None] | None = None) -> None:
     """Atomically replace the file ``path`` (not a symlink: see ``target``) with ``text``,
-    keeping its permission bits and owner; when it cannot keep them, it writes nothing.
+    keeping its permission bits and owner; when it cannot keep them, it writes nothing. A file
+    that did not exist gets the bits an ordinary new file would (``new_file_mode``), never the
+    temporary file's 0600: others (lm-eval run as another user) must be able to read it.
 
     The text goes to a new temporary file in the same directory; when ``check`` reports a
     problem with it, nothing is written and PatchError is raised.
@@ -149,6 +167,8 @@ def replace(path: Path, text: str, check: Callable[[Path], str | None] | None = 
         with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
             if info is not None:
                 _keep_owner_and_mode(out.fileno(), path, info)
+            else:
+                os.fchmod(out.fileno(), new_file_mode())
             out.write(text)
             out.flush()
             os.fsync(out.fileno())

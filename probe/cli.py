@@ -16,22 +16,25 @@ from typing import TYPE_CHECKING
 from probe import exitcodes
 from probe.reader.evidence import DEFAULT_MAX_CAP_RATE
 from probe.runtime.contract import PROBE_VERSION
+from probe.terminal import fit
 
 if TYPE_CHECKING:
     from patcher.files import Outcome
 
 USAGE_ERROR = exitcodes.USAGE
 
-EPILOG = """commands:
-  demo     start a simulated never-stopping server, evaluate a bundled task with lm-eval
-           unprobed and probed, and compare them (no GPU, no download)
-  run      run any command (typically python -m lm_eval ...) with the probe active
-  read     turn a result directory into a verdict per task (ok / below_floor / unavailable)
-  patch    put the probe into InferenceX's benchmark_lib.sh (or check, unpatch, preview)
-  install  write the probe as DIR/sitecustomize.py for any lm-eval run
-  body     print the exact text that gets injected into a sitecustomize.py
+# The one list of commands in the top-level --help (argparse prints it from these).
+SUMMARIES = {
+    "demo": "start a simulated never-stopping server, evaluate a bundled task with lm-eval unprobed and "
+    "probed, and compare them (no GPU, no download)",
+    "run": "run any command (typically python -m lm_eval ...) with the probe active",
+    "read": "turn a result directory into a verdict per task (ok / below_floor / unavailable)",
+    "patch": "put the probe into InferenceX's benchmark_lib.sh (or check, unpatch, preview)",
+    "install": "write the probe as DIR/sitecustomize.py for any lm-eval run",
+    "body": "print the exact text that gets injected into a sitecustomize.py",
+}
 
-knobs (environment): HYPERLOOM_EVAL_PROBE=0|false|off disables the probe;
+EPILOG = """knobs (environment): HYPERLOOM_EVAL_PROBE=0|false|off disables the probe;
 HYPERLOOM_EVAL_PROBE_MIN_SAMPLES (16), HYPERLOOM_EVAL_PROBE_LENGTH_RATIO (0.75, 0.5 to 1),
 HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024), HYPERLOOM_EVAL_PROBE_SLOW_START (auto|on|off).
 The sidecar goes to $RESULT_DIR, else $EVAL_RESULT_DIR, else the current directory; the
@@ -81,10 +84,10 @@ def _cmd_body(args: argparse.Namespace) -> int:
     if args.sources:
         from probe.inject import embedded_sources
 
-        for name, source in embedded_sources().items():
-            sys.stdout.write(f"# ===== _hyperloom_eval_probe.{name} =====\n{source}\n")
+        sources = embedded_sources().items()
+        _print("".join(f"# ===== _hyperloom_eval_probe.{name} =====\n{source}\n" for name, source in sources), end="")
         return 0
-    sys.stdout.write(sitecustomize_text(chain=args.standalone))
+    _print(sitecustomize_text(chain=args.standalone), end="")
     return 0
 
 
@@ -97,7 +100,7 @@ def _carry_out(command: str, action: Callable[[], Outcome]) -> int:
     except PatchError as error:
         print(f"eval-probe {command}: {error}\nThe file was left untouched.", file=sys.stderr)
         return error.code
-    print(outcome.message)
+    _print(outcome.message)
     return outcome.code
 
 
@@ -149,14 +152,14 @@ def _cmd_read(args: argparse.Namespace) -> int:
         text = "\n\n".join(describe(v) for v in verdicts)
     # allow_nan=False: --json output is strict JSON for orchestrators; the reader never lets a
     # non-finite number into a verdict, and should one slip in, that is an internal error.
-    _print(json.dumps(shown, indent=2, allow_nan=False) if args.json else text)
+    _print(json.dumps(shown, indent=2, allow_nan=False) if args.json else fit(text))
     return exitcodes.READ_STATUS[worst(verdicts)]
 
 
-def _print(text: str) -> None:
+def _print(text: str, end: str = "\n") -> None:
     """Print ``text``; a reader that stopped reading (``| head``) is not an error of ours."""
     try:
-        print(text, flush=True)
+        print(text, end=end, flush=True)
     except BrokenPipeError:
         # Python would report the pipe again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -165,6 +168,11 @@ def _print(text: str) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from probe.demo.compare import demo
 
+    if (args.base_url is None) != (args.model is None):
+        given, missing = ("--model", "--base-url") if args.base_url is None else ("--base-url", "--model")
+        print(f"eval-probe demo: {given} needs {missing}: a real server is named by both its URL and its "
+              "served model name (without either, the demo runs its own simulated model)", file=sys.stderr)  # fmt: skip
+        return USAGE_ERROR
     return demo(args.base_url, args.model, args.docs, args.max_tokens, args.concurrency)
 
 
@@ -180,12 +188,18 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="name", metavar="COMMAND", parser_class=_Parser)
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, **kw: object) -> _Parser:
-        # The list of commands shows the first sentence; each command's --help shows it all.
-        sub = commands.add_parser(name, help=help.split(". ")[0].rstrip("."), description=help, **kw)  # type: ignore[arg-type]
+        # The top-level list shows the command's summary; its own --help shows the description.
+        sub = commands.add_parser(name, help=SUMMARIES[name], description=help, **kw)  # type: ignore[arg-type]
         sub.set_defaults(handler=handler)
         return sub
 
-    body = command("body", _cmd_body, "Print the exact text injected into a sitecustomize.py.")
+    body = command(
+        "body",
+        _cmd_body,
+        "Print the exact text injected into a sitecustomize.py.",
+        epilog=exitcodes.epilog(exitcodes.BODY),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     body.add_argument(
         "--standalone", action="store_true", help="the variant for a sitecustomize.py of our own (chains the next one)"
     )
@@ -258,10 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = command(
         "demo",
         _cmd_demo,
-        "Evaluate a bundled task against a never-stopping model, unprobed then probed, and compare.",
+        "Evaluate a bundled task against a never-stopping model, unprobed then probed, and compare. "
+        "Needs lm-eval installed beside eval-probe.",
+        epilog=exitcodes.epilog(exitcodes.DEMO),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--base-url", help="a real OpenAI-compatible server (default: a simulated one, in-process)")
-    demo.add_argument("--model", default="sim-never-stop", help="the served model name (with --base-url)")
+    demo.add_argument(
+        "--base-url", help="a real OpenAI-compatible server, with --model (default: a simulated one, in-process)"
+    )
+    demo.add_argument("--model", help="the model name the server at --base-url serves (needed with it)")
     demo.add_argument("--docs", type=positive_int, default=64, help="documents in the task (default 64)")
     demo.add_argument("--max-tokens", type=positive_int, default=4096, help="the per-request budget (default 4096)")
     demo.add_argument("--concurrency", type=positive_int, default=16, help="lm-eval's num_concurrent (default 16)")

@@ -41,12 +41,34 @@ PATCH = (
 )  # fmt: skip
 
 INSTALL = (
-    (0, "done (written, appended, upgraded or already current)"),
-    (errors.FILE_PROBLEM, "the directory or its sitecustomize.py cannot be read or written (as for patch)"),
+    (0, "done (written, appended, upgraded or already current; DIR created when only it was missing)"),
+    (
+        errors.FILE_PROBLEM,
+        "the directory or its sitecustomize.py cannot be read or written (as for patch), DIR's "
+        "parent does not exist, or DIR holds a sitecustomize package or extension module that Python would import "
+        "instead of sitecustomize.py",
+    ),
     (errors.DAMAGED_BLOCK, "a damaged probe block, or more than one, in the sitecustomize.py"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
     (USAGE, "usage error"),
 )
+
+BODY = (
+    (0, "printed (a reader that stops reading early, as | head does, is no error)"),
+    (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
+    (USAGE, "usage error"),
+)
+
+DEMO_NOT_TRIPPED = 1
+DEMO_CANNOT_RUN = 2
+DEMO = (
+    (0, "both runs finished and the probe tripped on the probed one"),
+    (DEMO_NOT_TRIPPED, "the probe did not trip, or a run of lm-eval failed (its log is named)"),
+    (DEMO_CANNOT_RUN, "the demo cannot run: lm-eval is not installed beside eval-probe, or the server at "
+     "--base-url cannot be reached"),
+    (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
+    (USAGE, "usage error (--model without --base-url, or the other way round)"),
+)  # fmt: skip
 
 RUN = (
     (None, "the command's own exit code (128+N when signal N ended it)"),

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from probe import processgroup
 from probe.inject import sitecustomize_text
 from probe.lmeval_args import output_path_in
 from probe.reader.sidecar import read_sidecar
@@ -23,17 +24,23 @@ from probe.runtime.log import PREFIX
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# After the command itself ends, how long what it started may take to end too (a signalled
+# lm-eval under bash exits just after bash) before it counts as left behind.
+_GRACE_S = 2.0
 
 
 def run(command: list[str], result_dir: str | None = None) -> int:
     """Run ``command`` with the probe, then print a short verdict; returns its exit code.
 
     The probe lives in a temporary sitecustomize.py directory put first on PYTHONPATH
-    (it chains any sitecustomize.py it shadows) and removed in every case. Signals sent
-    to this process (Ctrl-C included) are passed on to the command, and on Linux the
-    command is killed when this process dies, even by SIGKILL. A results directory made
-    here (no ``--result-dir`` and no ``--output_path``) is removed when it stays empty or the
-    command never starts; otherwise the summary names it.
+    (it chains any sitecustomize.py it shadows). Signals sent to this process (Ctrl-C
+    included) are passed on to the command's whole process group, and on Linux the command
+    is killed when this process dies, even by SIGKILL. When the command ends but processes
+    it started still run, a warning names them, and the directory stays until the last of
+    them ends (a detached process removes it then), so they run probed; otherwise it is
+    removed at once. A results directory made here (no ``--result-dir`` and no
+    ``--output_path``) is removed when it stays empty or the command never starts, unless
+    such processes may still write to it; otherwise the summary names it.
     """
     chosen = result_dir or output_path_in(command)
     made: Path | None = None
@@ -43,6 +50,7 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         made = result = Path(tempfile.mkdtemp(prefix="eval-probe-results-")).resolve()
     site = Path(tempfile.mkdtemp(prefix="eval-probe-site-"))
     report = site / "observed.json"
+    left_behind: list[str] = []
     try:
         (site / "sitecustomize.py").write_text(sitecustomize_text(chain=True), encoding="utf-8")
         env = dict(os.environ)
@@ -52,17 +60,24 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         # A trip recorded before the command started is a leftover, not this command's. (Each
         # lm-eval evaluation in the command has a run identity of its own, so time decides here.)
         started = time.time()
-        status = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}")
-        if status is None:
+        ran = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}", str(site))
+        if ran is None:
             return 127
+        status, group, left_behind = ran
+        if left_behind:
+            processgroup.remove_when_empty(group, site, str(site))
+            _say(_left_behind_warning(left_behind, site, result))
         line = summary(result, report, -status if status < 0 else None, started)
+        if left_behind:
+            line += f"; still running then: {len(left_behind)} process(es) it started (listed above)"
         if made is not None and any(made.iterdir()):
             line += f"; results kept in {made}"
         _say(line)
         return 128 - status if status < 0 else status
     finally:
-        shutil.rmtree(site, ignore_errors=True)
-        if made is not None:
+        if not left_behind:  # else the processes still running keep it, and it goes when they do
+            shutil.rmtree(site, ignore_errors=True)
+        if made is not None and not left_behind:
             with contextlib.suppress(OSError):
                 made.rmdir()  # only when empty: what the command wrote there stays
 
@@ -87,21 +102,43 @@ def _die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str], started: str) -> int | None:
-    """Run ``command``; its exit status (negative: the signal that ended it), None if it could not start."""
+def _run_forwarding_signals(
+    command: list[str], env: dict[str, str], started: str, marker: str
+) -> tuple[int, int, list[str]] | None:
+    """Run ``command``; None if it could not start, else its exit status (negative: the signal
+    that ended it), its process group, and the processes still running once it and a short grace
+    period have ended: those of its group, and those whose environment holds ``marker``."""
     try:
-        # Its own session: a terminal's Ctrl-C reaches it once, through us, not twice.
+        # Its own session, so its own process group: a terminal's Ctrl-C reaches it once, through
+        # us, and what we pass on reaches everything it started (bash -c "python -m lm_eval ...").
         child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent())
     except OSError as error:
         _say(f"cannot start {command[0]!r}: {error.strerror}")
         return None
     _say(started)
-    previous = {sig: signal.signal(sig, lambda number, _frame: child.send_signal(number)) for sig in _FORWARDED}
+    group = child.pid  # a session leader leads its group; the id stays its while a member lives
+
+    def forward(number: int, _frame: object) -> None:
+        processgroup.signal_group(group, number)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
-        return child.wait()
+        status = child.wait()
+        return status, group, processgroup.wait_until_empty(group, _GRACE_S, marker)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:
+    return (
+        f"WARNING: the command has ended, but {len(members)} process(es) it started still run: "
+        + "; ".join(members)
+        + f". The probe stays available to them ({site} is removed once they have all ended), and their "
+        f"sidecar and results go to {result}; the summary below does not cover what they do: run "
+        f"eval-probe read {result} once they finish. Signals sent to eval-probe no longer reach them, and never "
+        "reached one outside its process group (setsid)."
+    )
 
 
 def summary(result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None) -> str:

@@ -4,7 +4,8 @@
 #   scripts/setup.sh all    also .venv-lm-eval-0.4.9.2 (the release InferenceX pins),
 #                           .venv-lm-eval-0.4.12 and .venv-vllm (vLLM's CPU build, for the
 #                           end-to-end tests)
-# Each environment is remade only when its requirements change (a stamp file records them).
+# Each environment is remade only when its requirements change (a stamp file records them,
+# and, for an environment that installs this project, what pyproject.toml requires).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what="${1:-main}"
@@ -20,11 +21,35 @@ quiet_pip() {
     "$@" 2> >(grep -v "^WARNING: Location" >&2)
 }
 
+project_requirements() {
+    # What pyproject.toml asks pip to install (dependencies, extras, Python): a new test tool
+    # there must reach an environment that already exists.
+    "$python" - <<'PY'
+import json
+import pathlib
+
+text = pathlib.Path("pyproject.toml").read_text(encoding="utf-8")
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the whole file stands for its requirements
+    print(text)
+else:
+    project = tomllib.loads(text)["project"]
+    keys = ("dependencies", "optional-dependencies", "requires-python")
+    print(json.dumps({key: project.get(key) for key in keys}, sort_keys=True))
+PY
+}
+
 make_venv() {  # make_venv DIR REQUIREMENT...
     local dir="$1"
     shift
-    local stamp
-    stamp="$(printf '%s\n' "$@" "$("$python" --version)" | sha256sum | cut -c1-16)"
+    local stamp project="" requirement
+    for requirement in "$@"; do
+        case "$requirement" in
+            .*) project="$(project_requirements)" ;;  # installs this project (".", ".[extras]")
+        esac
+    done
+    stamp="$(printf '%s\n' "$@" "$("$python" --version)" "$project" | sha256sum | cut -c1-16)"
     if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ]; then
         echo "setup: $dir is up to date"
         return

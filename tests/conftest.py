@@ -5,6 +5,7 @@ Helpers that tests import live in ``tests/support/``; this file holds fixtures o
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from support.procs import PROBE_VARS, probe_site
 from probe.demo.localtask import LocalTask, write_task
 from probe.demo.simserver import SimServer
 from probe.runtime import state
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
@@ -51,6 +54,13 @@ def probed(result_dir: Path) -> Iterator[state.Probe]:
     """The probe installed on the real lm-eval in this process; uninstalled afterwards."""
     with probe_installed() as probe:
         yield probe
+
+
+@pytest.fixture(params=("heredoc", "file"))
+def tree(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A copy of one InferenceX fixture tree (each shape of _patch_lm_eval); its benchmark_lib.sh."""
+    shutil.copytree(FIXTURES / request.param, tmp_path / request.param)
+    return tmp_path / request.param / "benchmarks" / "benchmark_lib.sh"
 
 
 @pytest.fixture

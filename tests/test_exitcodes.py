@@ -14,7 +14,14 @@ from probe import exitcodes
 pytestmark = pytest.mark.release_independent
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-TABLES = {"read": exitcodes.READ, "patch": exitcodes.PATCH, "install": exitcodes.INSTALL, "run": exitcodes.RUN}
+TABLES = {
+    "read": exitcodes.READ,
+    "patch": exitcodes.PATCH,
+    "install": exitcodes.INSTALL,
+    "run": exitcodes.RUN,
+    "body": exitcodes.BODY,
+    "demo": exitcodes.DEMO,
+}
 
 
 @pytest.mark.parametrize("command", sorted(TABLES))

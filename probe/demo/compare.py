@@ -7,21 +7,27 @@ two runs are compared side by side, followed by the reader's verdict.
 
 from __future__ import annotations
 
+import http.client
+import importlib.util
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from patcher.install import install
+from probe import exitcodes
 from probe.demo.localtask import offline_env, write_task
-from probe.demo.servercounters import server_counters
+from probe.demo.servercounters import UNREADABLE, server_counters
 from probe.demo.simserver import SimServer
 from probe.inject import payload
 from probe.reader.verdict import classify, describe
+from probe.terminal import fit
 
 # One full-length simulated generation takes max_tokens x this: 4096 tokens in ~8 s.
 SECONDS_PER_TOKEN = 0.002
@@ -36,7 +42,10 @@ class RunFigures:
     score: float | None
 
 
-def _counters(server: SimServer | None, base_url: str) -> tuple[int | None, int | None]:
+Counters = tuple[int | None, int | None]
+
+
+def _counters(server: SimServer | None, base_url: str) -> Counters:
     """(generate requests, generated tokens) so far, from the in-process simulated server
     or from what the server at ``base_url`` exposes."""
     if server is None:
@@ -45,7 +54,27 @@ def _counters(server: SimServer | None, base_url: str) -> tuple[int | None, int 
     return stats["generate_requests"], stats["tokens_generated"]
 
 
-def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[], tuple]) -> tuple[int, float]:
+def since(before: Counters, now: Counters) -> Counters:
+    """What the server counted between ``before`` and ``now``: one run's own figures, never
+    the runs before it; None where either reading is missing."""
+    return tuple(None if b is None or n is None else n - b for b, n in zip(before, now, strict=True))  # type: ignore[return-value]
+
+
+def unreachable(base_url: str, timeout: float = 10) -> str | None:
+    """Why nothing answers HTTP at ``base_url``, or None when something does (any status:
+    a 404 for ``/v1/models`` still means a server is there)."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/v1/models", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except http.client.HTTPException as error:  # BadStatusLine, LineTooLong: something answers, not HTTP
+        return f"it does not answer HTTP: {type(error).__name__}"
+    except (*UNREADABLE, ValueError) as error:  # URLError, refused, timed out, not HTTP; ValueError: not a URL
+        return str(getattr(error, "reason", None) or error) or type(error).__name__
+
+
+def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[], Counters]) -> tuple[int, float]:
     """Run ``run`` while showing elapsed time and the server's counters on one line."""
     done = threading.Event()
     started = time.monotonic()
@@ -68,8 +97,16 @@ def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[],
     return code, wall
 
 
-def demo(base_url: str | None, model: str, docs: int, max_tokens: int, concurrency: int) -> int:
-    """Run the comparison; returns 0 when both runs finished and the probe tripped."""
+def demo(base_url: str | None, model: str | None, docs: int, max_tokens: int, concurrency: int) -> int:
+    """Run the comparison; returns 0 when both runs finished and the probe tripped, DEMO_NOT_TRIPPED
+    otherwise, DEMO_CANNOT_RUN (having said why) when lm-eval is missing or ``base_url`` is unreachable."""
+    if importlib.util.find_spec("lm_eval") is None:
+        print(f"eval-probe demo: lm-eval is not installed for {sys.executable}; install it beside eval-probe "
+              "(pip install 'lm-eval-probe[lm-eval]')", file=sys.stderr)  # fmt: skip
+        return exitcodes.DEMO_CANNOT_RUN
+    if base_url is not None and (why := unreachable(base_url)) is not None:
+        print(f"eval-probe demo: cannot reach the server at {base_url} ({why})", file=sys.stderr)
+        return exitcodes.DEMO_CANNOT_RUN
     work = Path(tempfile.mkdtemp(prefix="eval-probe-demo-"))
     task = write_task(work / "task", docs)
     server = None
@@ -95,20 +132,22 @@ def demo(base_url: str | None, model: str, docs: int, max_tokens: int, concurren
                 with log.open("w") as handle:
                     return subprocess.call(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
 
-            code, wall = _timed(label, log, call, lambda: _counters(server, base_url))
-            after = _counters(server, base_url)
-            delta = [None if a is None or b is None else a - b for a, b in zip(after, before, strict=True)]
+            def counted(before: Counters = before) -> Counters:
+                return since(before, _counters(server, base_url))
+
+            code, wall = _timed(label, log, call, counted)
+            delta = counted()
             verdict = classify(output, floor=0.01)
             figures[label] = RunFigures(delta[0], delta[1], wall, code, verdict["score"])
             if probed:
                 print(_table(figures))
                 print("\nthe reader's verdict on the probed run (eval-probe read " + str(output) + "):")
-                print(describe(verdict))
-                return 0 if code == 0 and verdict["pathology"] else 1
+                print(fit(describe(verdict)))
+                return 0 if code == 0 and verdict["pathology"] else exitcodes.DEMO_NOT_TRIPPED
     finally:
         if server is not None:
             server.stop()
-    return 1
+    return exitcodes.DEMO_NOT_TRIPPED
 
 
 def _table(figures: dict[str, RunFigures]) -> str:

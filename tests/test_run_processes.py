@@ -1,0 +1,165 @@
+"""`eval-probe run -- bash -c "..."`: signals reach everything the command started, and what it
+leaves running is named and stays probed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from support.procs import PYTHON
+
+from probe import processgroup
+from probe.demo.localtask import offline_env
+
+# Reads process groups from /proc: Linux only. Does not depend on the lm-eval release.
+pytestmark = [
+    pytest.mark.release_independent,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists process groups from /proc (Linux)"),
+]
+
+# A Python grandchild (under bash, which stays as its parent because more follows it) that
+# prints its pid and then sleeps; what it does on a signal is up to each test.
+SLEEPER = "import os, signal, sys, time\n{setup}\nprint(os.getpid(), flush=True)\ntime.sleep({seconds})\n"
+
+
+def runner(tmp_path: Path, shell: str, *args: str) -> subprocess.Popen:
+    """``eval-probe run -- bash -c SHELL ARGS...``, its stdout and stderr piped, TMPDIR private."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    command = [PYTHON, "-m", "probe", "run", "--result-dir", str(tmp_path / "r"), "--", "bash", "-c", shell, *args]
+    return subprocess.Popen(
+        command, env=offline_env(None, TMPDIR=str(scratch)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def eventually(condition, seconds: float = 15) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def probe_sites(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "scratch").glob("eval-probe-site-*"))
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_reaches_the_program_bash_runs(tmp_path: Path, number: int) -> None:
+    # Before: only bash got it; it waits for its child, which ran on for the whole 60 s.
+    setup = "signal.signal(signal.SIGINT, signal.default_int_handler)\n" + (
+        "signal.signal({n}, lambda *_: (print('child got', {n}, flush=True), sys.exit(3)))".format(n=int(number))
+        if number != signal.SIGINT
+        else ""
+    )
+    child = SLEEPER.format(setup=setup, seconds=60)
+    proc = runner(tmp_path, f'{PYTHON} -c "$0" || echo "child exited $?"', child)
+    pid = int(proc.stdout.readline())
+    time.sleep(0.2)
+    proc.send_signal(number)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive(pid)
+    if number == signal.SIGINT:
+        assert "KeyboardInterrupt" in err  # the child's own Ctrl-C, raised where it slept
+    else:
+        assert f"child got {int(number)}" in out
+    assert "still run" not in err and probe_sites(tmp_path) == []
+
+
+def test_what_outlives_a_signal_is_named_and_stays_probed(tmp_path: Path) -> None:
+    out_file = tmp_path / "child.out"
+    child = SLEEPER.format(setup="signal.signal(signal.SIGTERM, signal.SIG_IGN)", seconds=60)
+    proc = runner(tmp_path, f'{PYTHON} -c "$0" > "$1" 2>&1 & wait', child, str(out_file))
+    assert eventually(lambda: out_file.exists() and out_file.read_text().strip().isdigit())
+    pid = int(out_file.read_text())
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM
+        [warning] = [line for line in err.splitlines() if "WARNING" in line]
+        assert f"1 process(es) it started still run: {pid} {PYTHON} -c import os" in warning
+        [summary] = [line for line in err.splitlines() if line.startswith("[lm-eval-probe] summary:")]
+        assert "ended by signal 15 (SIGTERM)" in summary and "still running then: 1 process(es)" in summary
+        assert alive(pid) and len(probe_sites(tmp_path)) == 1  # kept for the process still running
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert eventually(lambda: probe_sites(tmp_path) == []), "the probe's directory outlived the last process"
+
+
+def test_a_backgrounded_command_runs_probed_and_is_reported(tmp_path: Path) -> None:
+    # A script that starts lm-eval in the background and exits. Before: the probe's directory was
+    # gone before the backgrounded Python started, and nothing was said.
+    seen = tmp_path / "seen.txt"
+    late = f"import sitecustomize, pathlib; pathlib.Path({str(seen)!r}).write_text(sitecustomize.__file__)"
+    proc = runner(tmp_path, f'(sleep 3; {PYTHON} -c "$0") >/dev/null 2>&1 &', late)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "WARNING: the command has ended, but 2 process(es) it started still run" in err
+    assert "sleep 3" in err and "eval-probe read" in err
+    assert eventually(seen.exists)
+    loaded = Path(seen.read_text())
+    assert loaded.name == "sitecustomize.py" and loaded.parent.parent == tmp_path / "scratch"
+    assert eventually(lambda: probe_sites(tmp_path) == [])
+
+
+def test_a_command_that_leaves_nothing_behind_is_not_warned_about(tmp_path: Path) -> None:
+    proc = runner(tmp_path, "sleep 0.2 & wait; exit 4")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 4 and "WARNING" not in err and probe_sites(tmp_path) == []
+
+
+def test_members_lists_each_live_process_of_the_group_once(tmp_path: Path) -> None:
+    leader = subprocess.Popen(["bash", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
+    try:
+        assert eventually(lambda: len(processgroup.members(leader.pid)) == 3)
+        found = processgroup.members(leader.pid)
+        assert [m.split(" ", 1)[1] for m in found].count("sleep 30") == 2 and found[0].startswith(f"{leader.pid} bash")
+        assert processgroup.members(os.getpgrp()) != found
+    finally:
+        processgroup.signal_group(leader.pid, signal.SIGKILL)
+        leader.wait()
+    assert eventually(lambda: processgroup.members(leader.pid) == [])
+    processgroup.signal_group(leader.pid, signal.SIGTERM)  # an empty group: nothing happens, no error
+
+
+def test_a_process_that_left_the_group_with_setsid_is_named_and_stays_probed(tmp_path: Path) -> None:
+    # `setsid lm_eval ... &` in a pipeline script. Before: nothing was said, and the probe's
+    # directory was removed while the detached Python still had to start: it ran unprobed.
+    seen = tmp_path / "seen.txt"
+    late = f"import sitecustomize, pathlib; pathlib.Path({str(seen)!r}).write_text(sitecustomize.__file__)"
+    proc = runner(tmp_path, f'setsid bash -c "sleep 3; {PYTHON} -c \\"\\$0\\"" "$0" >/dev/null 2>&1 &', late)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    [warning] = [line for line in err.splitlines() if "WARNING" in line]
+    assert "sleep 3" in warning and "outside its process group" in warning, err
+    assert eventually(seen.exists), "the detached process never ran probed"
+    assert Path(seen.read_text()).parent.parent == tmp_path / "scratch"
+    assert eventually(lambda: probe_sites(tmp_path) == []), "the probe's directory outlived the last process"
+
+
+def test_members_skips_zombies_of_a_group_and_the_remover_does_not_wait_for_them(tmp_path: Path) -> None:
+    # A group whose only process left is a zombie nobody reaps: nothing runs there any more.
+    site = tmp_path / "site"
+    site.mkdir()
+    leader = subprocess.Popen(["sleep", "0.1"], start_new_session=True)
+    try:
+        assert eventually(lambda: not alive(leader.pid))  # a zombie: not reaped yet
+        assert processgroup.members(leader.pid) == []
+        processgroup.remove_when_empty(leader.pid, site)
+        assert eventually(lambda: not site.exists(), 10), "the remover waited on a zombie"
+    finally:
+        leader.wait()
