@@ -21,7 +21,8 @@ from probe.demo.localtask import offline_env, write_task
 from probe.demo.servercounters import server_counters
 from probe.demo.simserver import SimServer
 from probe.inject import payload
-from probe.reader.verdict import classify, describe
+from probe.reader.render import describe
+from probe.reader.verdict import classify
 
 # One full-length simulated generation takes max_tokens x this: 4096 tokens in ~8 s.
 SECONDS_PER_TOKEN = 0.002
@@ -99,12 +100,12 @@ def demo(base_url: str | None, model: str, docs: int, max_tokens: int, concurren
             after = _counters(server, base_url)
             delta = [None if a is None or b is None else a - b for a, b in zip(after, before, strict=True)]
             verdict = classify(output, floor=0.01)
-            figures[label] = RunFigures(delta[0], delta[1], wall, code, verdict["score"])
+            figures[label] = RunFigures(delta[0], delta[1], wall, code, verdict.score)
             if probed:
                 print(_table(figures))
                 print("\nthe reader's verdict on the probed run (eval-probe read " + str(output) + "):")
                 print(describe(verdict))
-                return 0 if code == 0 and verdict["pathology"] else 1
+                return 0 if code == 0 and verdict.was_cut_short else 1
     finally:
         if server is not None:
             server.stop()
