@@ -14,9 +14,9 @@ from support.resultfiles import METRIC, write_results, write_sidecar
 
 from probe.demo.localtask import offline_env, task_name
 from probe.reader.contract import contract_fingerprint, contract_settings
+from probe.reader.render import describe
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import read_sidecar
-from probe.reader.render import describe
 from probe.reader.verdict import classify, classify_all
 from probe.runtime import contract
 
