@@ -42,6 +42,11 @@ class Options:
     max_cap_rate: float = ev.DEFAULT_MAX_CAP_RATE
     cap_rate_fails: bool = False
 
+    def fails_on(self, caveat: dict[str, Any] | None) -> bool:
+        """Whether ``caveat`` makes a score below_floor: --cap-rate-fails, and more than
+        --max-cap-rate cut off (a group's caveat taken from one of its tasks may be under it)."""
+        return bool(caveat and self.cap_rate_fails and caveat["cut_off"] / caveat["observations"] > self.max_cap_rate)
+
     def __post_init__(self) -> None:
         if finite_score(self.floor) is None:  # against NaN every score is below the floor
             raise ValueError(f"the floor must be a finite number, not {self.floor!r}")
@@ -243,7 +248,7 @@ class _Judge:
             cause = cause or f"cut off: {ev.cause_text(caveat)}"
         notes = "".join(f"; {note}" for note in (quiet, caveat and caveat["text"]) if note)
         fields = {**base, "cause": cause, "caveat": caveat}
-        if caveat and options.cap_rate_fails:
+        if options.fails_on(caveat):
             return self.verdict(source, Status.BELOW_FLOOR, f"{caveat['cut_off']} of {caveat['observations']} "
                                 f"generations were cut off, more than --max-cap-rate {options.max_cap_rate:g}{notes}",
                                 evidence_status=Status.BELOW_FLOOR, **fields)  # fmt: skip
