@@ -179,10 +179,11 @@ class _Judge:
     def inferencex(self, asked: Concurrencies, held: Holdings) -> list[Verdict]:
         """A verdict for each concurrency meta_env.json records as failed or that left no results."""
         present = {c.concurrency for c in held.unusable} | {e.candidate.concurrency for e in held.evaluations}
-        found = [self.unavailable(Source(concurrency=c), f"InferenceX records concurrency {c} as failed")
-                 for c in asked.failed]  # fmt: skip
-        found += [self.unavailable(Source(concurrency=c), f"no results file for concurrency {c}")
-                  for c in asked.asked if c not in present and c not in asked.failed]  # fmt: skip
+        found = []
+        for c in sorted(set(asked.failed) | (set(asked.asked) - present)):
+            reason = f"InferenceX records concurrency {c} as failed" if c in asked.failed else (
+                f"no results file for concurrency {c}")  # fmt: skip
+            found.append(self.unavailable(Source(concurrency=c), reason))
         return found
 
     def run(self, evaluation: Evaluation) -> list[Verdict]:
