@@ -148,3 +148,13 @@ def test_the_evidence_of_a_cut_short_task_counts_what_the_rule_counts(tmp_path: 
     write_run(tmp_path, {"t": 0.0}, {"t": cut}, tripped=True)
     (verdict,) = json.loads(read(tmp_path, "--json").stdout)
     assert verdict["pathology"]["pathological"] == 10 and verdict["pathology"]["observations"] == 16
+
+
+def test_a_group_under_the_floor_still_says_its_task_was_cut_short(tmp_path: Path) -> None:
+    cut = figures(cut_off=16, causes={"output_cap": 16}, finish_reasons={"length": 16}, observations=16,
+                  short_circuited=24, tripped=True)  # fmt: skip
+    write_run(tmp_path, {"well": 0.0, "sick": 0.0, "both": 0.0}, {"well": figures(), "sick": cut}, tripped=True,
+              group_subtasks={"both": ["well", "sick"]})  # fmt: skip
+    verdict = json.loads(read(tmp_path, "--task", "both", "--json").stdout)
+    assert verdict["status"] == "below_floor" and verdict["pathology"]["observations"] == 16
+    assert "its task 'sick' was cut short" in verdict["reason"] and verdict["cause"] == "non-termination: cut short"

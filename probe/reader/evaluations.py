@@ -106,6 +106,10 @@ def _may_own(candidate: Candidate, trip: TripContext) -> bool:
     return candidate.started_at is not None and trip.tripped_at >= candidate.started_at - STALE_SLACK_S
 
 
+def _all_predate(trips: list[TripContext], candidate: Candidate) -> bool:
+    return bool(trips) and candidate.started_at is not None and not any(_may_own(candidate, t) for t in trips)
+
+
 def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
     slots: dict[tuple[str, int | None], list[Candidate]] = {}
     for candidate in candidates:
@@ -135,7 +139,7 @@ def _view(
     if trip is not None:
         return SidecarView(SidecarState.VALID, trip.path)
     state = default
-    if state is SidecarState.ANOTHER_RUNS and candidate.run_id is None and trips:
-        # Results without a run id: a record that predates them is stale, not another run's.
+    if state is SidecarState.ANOTHER_RUNS and candidate.run_id is None and _all_predate(trips, candidate):
+        # Results without a run id: records that all predate them are stale, not another run's.
         state = SidecarState.STALE
     return SidecarView(state, Path(sidecar.path), sidecar.error)

@@ -129,10 +129,6 @@ class Verdict:
     evidence_status: Status = field(default=Status.OK, compare=False)
 
     @property
-    def is_ok(self) -> bool:
-        return self.status is Status.OK
-
-    @property
     def was_cut_short(self) -> bool:
         """Whether the probe cut this task (or run) short: the verdict carries its evidence."""
         return self.pathology is not None

@@ -123,19 +123,11 @@ def select(verdicts: list[Verdict], task: str) -> list[Verdict]:
     names = sorted({v.task for v in verdicts if v.task is not None})
     listed = ", ".join(repr(n) for n in names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     template = chosen[0] if chosen else verdicts[0]
-    missing = template.but(
-        status=Status.UNAVAILABLE,
-        task=task,
-        metric=None,
-        score=None,
-        cap_rate=None,
-        cause=None,
-        caveat=None,
-        evidence=None,
-        pathology=None,
+    missing = Verdict(
+        Status.UNAVAILABLE, f"task {task!r} is in no results file here; the tasks there are: {listed or 'none'}",
+        template.floor, template.higher_is_better, Source(), template.sidecar, task=task,
         evidence_status=Status.UNAVAILABLE,
-        reason=f"task {task!r} is in no results file here; the tasks there are: {listed or 'none'}",
-    )
+    )  # fmt: skip
     return [missing, *chosen]  # fmt: skip
 
 
@@ -322,7 +314,13 @@ def _fold(group: Verdict, members: list[Verdict], judge: _Judge) -> Verdict:
                              sidecar=group.sidecar)  # fmt: skip
     bad = min(members, key=lambda m: m.evidence_status.severity)
     if not bad.evidence_status.is_worse_than(folded.status):
-        return folded.but(evidence_status=Status.worst((folded.evidence_status, bad.evidence_status)))
+        folded = folded.but(evidence_status=Status.worst((folded.evidence_status, bad.evidence_status)))
+        cut = next((m for m in members if m.was_cut_short), None)
+        if cut is None or folded.was_cut_short:
+            return folded
+        # As bad already (its own score is under the floor): still say that a task was cut short.
+        reason = f"{folded.reason}; and its task {cut.task!r} was cut short ({cut.reason})"
+        return folded.but(pathology=cut.pathology, cause=cut.cause, reason=reason)
     return folded.but(status=bad.evidence_status, evidence_status=bad.evidence_status, cause=bad.cause,
                       pathology=bad.pathology or folded.pathology, caveat=folded.caveat or bad.caveat,
                       reason=f"its task {bad.task!r} is {bad.evidence_status.value} ({bad.reason})")  # fmt: skip
