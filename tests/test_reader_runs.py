@@ -140,3 +140,12 @@ def test_the_json_keeps_its_shape_and_names_the_run(tmp_path: Path) -> None:
     for verdict in found:
         assert shape <= set(verdict) and {"run_id", "started_at", "trip_record"} <= set(verdict)
         assert set(verdict["sidecar"]) == {"state", "path", "error"}
+
+
+def test_an_unreadable_meta_env_hides_no_run(tmp_path: Path) -> None:
+    a, _ = sweep(tmp_path)
+    (tmp_path / "meta_env.json").write_text("{not json")
+    code, found = verdicts(tmp_path)
+    assert code == exitcodes.READ_STATUS["unavailable"]
+    assert any("meta_env.json cannot be read" in v["reason"] for v in found)
+    assert {v["results_file"]: v["status"] for v in found if v["results_file"]}[str(a)] == "below_floor"

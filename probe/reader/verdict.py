@@ -77,11 +77,13 @@ def classify_all(
     now = time.time() if now is None else now
     held = holdings(list_candidates(root, now), read_trip_records(root, now), newest_only)
     judge = _Judge(options, held)
+    verdicts: list[Verdict] = []
     try:
         concurrencies = read_meta_env(root)
-    except Unreadable as error:
-        return [judge.unavailable(Source(), f"InferenceX's meta_env.json cannot be read: {error}")]
-    verdicts = judge.inferencex(concurrencies, held)
+    except Unreadable as error:  # which concurrencies failed cannot be told; the runs are still judged
+        concurrencies = Concurrencies()
+        verdicts.append(judge.unavailable(Source(), f"InferenceX's meta_env.json cannot be read: {error}"))
+    verdicts += judge.inferencex(concurrencies, held)
     verdicts += [judge.unavailable(Source(c.path, concurrency=c.concurrency), c.reason or "") for c in held.unusable]
     for evaluation in held.evaluations:
         verdicts += judge.run(evaluation)
