@@ -158,3 +158,16 @@ def test_a_group_under_the_floor_still_says_its_task_was_cut_short(tmp_path: Pat
     verdict = json.loads(read(tmp_path, "--task", "both", "--json").stdout)
     assert verdict["status"] == "below_floor" and verdict["pathology"]["observations"] == 16
     assert "its task 'sick' was cut short" in verdict["reason"] and verdict["cause"] == "non-termination: cut short"
+
+
+@pytest.mark.parametrize("depth", [2, 300])
+def test_a_deeply_nested_group_names_the_task_at_the_bottom_and_its_reason_does_not_grow(
+    tmp_path: Path, depth: int
+) -> None:
+    cut = figures(cut_off=16, causes={"output_cap": 16}, finish_reasons={"length": 16}, observations=16,
+                  short_circuited=24, tripped=True)  # fmt: skip
+    groups = {f"g{i}": [f"g{i - 1}"] if i else ["t"] for i in range(depth)}
+    write_run(tmp_path, {"t": 0.9, **dict.fromkeys(groups, 0.9)}, {"t": cut}, tripped=True, group_subtasks=groups)
+    top = json.loads(read(tmp_path, "--task", f"g{depth - 1}", "--json").stdout)
+    assert top["status"] == "below_floor" and top["reason"].startswith("its task 't' is below_floor (")
+    assert len(top["reason"]) < 200

@@ -300,11 +300,11 @@ def _fold_groups(verdicts: dict[str, Verdict], subtasks: dict[str, list[str]], j
             done.add(group)
             if group in verdicts:
                 members = [verdicts[m] for m in subtasks[group] if m in verdicts and m != group]
-                verdicts[group] = _fold(verdicts[group], members, judge)
+                verdicts[group] = _fold(verdicts[group], members, judge, subtasks)
     return verdicts
 
 
-def _fold(group: Verdict, members: list[Verdict], judge: _Judge) -> Verdict:
+def _fold(group: Verdict, members: list[Verdict], judge: _Judge, groups: dict[str, list[str]]) -> Verdict:
     if not members:
         return group
     figures = ev.summed([m.evidence for m in members if m.evidence])
@@ -321,11 +321,20 @@ def _fold(group: Verdict, members: list[Verdict], judge: _Judge) -> Verdict:
         if cut is None or folded.was_cut_short:
             return folded
         # As bad already (its own score is under the floor): still say that a task was cut short.
-        reason = f"{folded.reason}; and its task {cut.task!r} was cut short ({cut.reason})"
+        reason = f"{folded.reason}; and {_culprit(cut, 'was cut short', groups)}"
         return folded.but(pathology=cut.pathology, cause=cut.cause, reason=reason)
     return folded.but(status=bad.evidence_status, evidence_status=bad.evidence_status, cause=bad.cause,
                       pathology=bad.pathology or folded.pathology, caveat=folded.caveat or bad.caveat,
-                      reason=f"its task {bad.task!r} is {bad.evidence_status.value} ({bad.reason})")  # fmt: skip
+                      reason=_culprit(bad, f"is {bad.evidence_status.value}", groups))  # fmt: skip
+
+
+def _culprit(member: Verdict, what: str, groups: dict[str, list[str]]) -> str:
+    """What a group says of the member it follows. A member that is a group itself passes on
+    what it says of its own culprit: the task at the bottom is named, and a reason never
+    grows with the depth of the nesting (which would make reading quadratic)."""
+    if member.task in groups and member.reason.startswith("its task "):
+        return member.reason
+    return f"its task {member.task!r} {what} ({member.reason})"
 
 
 def _pathology(trip: TripContext | None, figures: dict | None) -> dict[str, Any]:
