@@ -235,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     read = command(
         "read",
         _cmd_read,
-        "Turn a result directory into a verdict: ok, below_floor or unavailable.",
+        "Judge every run a result directory holds: a verdict per task (ok, below_floor or unavailable), each "
+        "naming its results file and run.",
         epilog=exitcodes.epilog(exitcodes.READ, exitcodes.READ_NOTE),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
