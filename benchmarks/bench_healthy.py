@@ -42,7 +42,7 @@ from support.importtime import sitecustomize_cost  # noqa: E402
 from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.simserver import LENGTHS, SimServer  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
-from probe.reader.results import read_score  # noqa: E402
+from probe.reader.verdict import classify  # noqa: E402
 from probe.runtime.contract import ENV_SLOW_START  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def healthy_runs(
             answers.setdefault(label, [r["resps"] for r in rows])
             if [r["resps"] for r in rows] != answers[label]:
                 raise SystemExit(f"{label} answers changed between repetitions: the simulated model is deterministic")
-            scores[label].add(read_score(output).raw)
+            scores[label].add(classify(output, floor=0.0).score)
     ratio = statistics.median(walls["probed"]) / statistics.median(walls["unprobed"])
     span_ratio = statistics.median(spans["probed"]) / statistics.median(spans["unprobed"])
     return {

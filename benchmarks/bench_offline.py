@@ -54,7 +54,7 @@ def evaluate(args: argparse.Namespace, task: LocalTask, model: Path, work: Path,
         "tokens": int(counters["generation_tokens"]),
         "finished": {k[len("finished_") :]: int(v) for k, v in counters.items() if k.startswith("finished_") and v},
         "wall_s": round(ended - started, 2),
-        "verdict": classify(output, floor=0.01)["status"],
+        "verdict": classify(output, floor=0.01).status.value,
     }
     if probed:
         sidecar = read_sidecar(output)

@@ -150,7 +150,7 @@ def evaluate(
         "tokens": int(tokens - base[0]),
         "requests": requests - base[1],
         "wall_s": round(ended - started, 2),
-        "verdict": classify(output, floor=0.01)["status"],
+        "verdict": classify(output, floor=0.01).status.value,
     }
     if probed:
         sidecar = read_sidecar(output)

@@ -49,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
 
-# Plain ASCII decimal notation only: float() and int() also take "nan", "inf", "1_0" and
+# ASCII decimal notation (an exponent allowed) only: float() and int() also take "nan", "inf", "1_0" and
 # non-ASCII digits ("\uff11\uff16", "\u0661\u0666"), which no one means as an option value.
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 _COUNT = re.compile(r"\d+", re.ASCII)
@@ -59,7 +59,9 @@ def finite_float(text: str) -> float:
     """An option's value as a finite float; ArgumentTypeError (a usage error) otherwise."""
     value = float(text) if _DECIMAL.fullmatch(text) else math.nan
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in plain decimal notation (e.g. 0.5)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a finite number in ASCII decimal notation, an exponent allowed (e.g. 0.5 or 1e-3)"
+        )
     return value
 
 
@@ -134,26 +136,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_read(args: argparse.Namespace) -> int:
-    from probe.reader.verdict import classify, classify_all, describe, table, worst
+    from probe.reader import render
+    from probe.reader.verdict import classify_all, select, worst
 
-    if not Path(args.result_dir).is_dir():
-        print(f"eval-probe read: {args.result_dir} is not a directory", file=sys.stderr)
-        return USAGE_ERROR
     options = (args.metric, not args.lower_is_better, args.max_cap_rate, args.cap_rate_fails)
-    if args.task is None:
-        verdicts = classify_all(args.result_dir, args.floor, *options)
-        shown: object = verdicts
-        text = table(verdicts)
+    verdicts = classify_all(args.result_dir, args.floor, *options, newest_only=args.newest)
+    if args.task is not None:
+        verdicts = select(verdicts, args.task)
+    if args.format == "json":
+        # allow_nan=False: strict JSON for orchestrators; the reader never lets a non-finite
+        # number into a verdict, and should one slip in, that is an internal error.
+        shown = [v.to_json() for v in verdicts]
+        text = json.dumps(shown[0] if args.task is not None and len(shown) == 1 else shown, indent=2,
+                          allow_nan=False)  # fmt: skip
+    elif args.format == "markdown":
+        text = render.markdown(verdicts).rstrip("\n")
+    elif args.task is not None:
+        text = "\n\n".join(render.describe(v) for v in verdicts)
     else:
-        # The task at every InferenceX concurrency; one verdict in lm-eval's own layout.
-        verdicts = [v for v in classify_all(args.result_dir, args.floor, *options) if v["task"] == args.task]
-        verdicts = verdicts or [classify(args.result_dir, args.floor, args.task, *options)]
-        shown = verdicts[0] if len(verdicts) == 1 else verdicts
-        text = "\n\n".join(describe(v) for v in verdicts)
-    # allow_nan=False: --json output is strict JSON for orchestrators; the reader never lets a
-    # non-finite number into a verdict, and should one slip in, that is an internal error.
-    _print(json.dumps(shown, indent=2, allow_nan=False) if args.json else fit(text))
-    return exitcodes.READ_STATUS[worst(verdicts)]
+        text = render.table(verdicts)
+    _print(fit(text) if args.format == "text" else text)
+    return exitcodes.READ_STATUS[worst(verdicts).value]
 
 
 def _print(text: str, end: str = "\n") -> None:
@@ -246,15 +249,22 @@ def build_parser() -> argparse.ArgumentParser:
     read = command(
         "read",
         _cmd_read,
-        "Turn a result directory into a verdict: ok, below_floor or unavailable.",
+        "Judge every run a result directory holds: a verdict per task (ok, below_floor or unavailable), each "
+        "naming its results file and run.",
         epilog=exitcodes.epilog(exitcodes.READ, exitcodes.READ_NOTE),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     read.add_argument("result_dir", help="lm-eval's --output_path (holds the sidecar and <model>/results_*.json)")
     read.add_argument(
-        "--floor", type=finite_float, default=0.01, help="the lowest usable score, a finite number (default 0.01)"
+        "--floor",
+        type=finite_float,
+        default=0.01,
+        help="the lowest usable score: a finite number in ASCII decimal notation, an exponent allowed "
+        "(0.5, .5, 1e-3; default 0.01)",
     )
-    read.add_argument("--task", help="judge this task only (default: every task, as a table)")
+    read.add_argument(
+        "--task", help="judge this task only, in every run (what fails a whole run stays; default: every task)"
+    )
     read.add_argument("--metric", help="metric key, e.g. exact_match,strict-match (default: first accuracy-like)")
     read.add_argument("--lower-is-better", action="store_true", help="the metric is an error rate, not an accuracy")
     read.add_argument(
@@ -267,7 +277,24 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument(
         "--cap-rate-fails", action="store_true", help="a task above --max-cap-rate is below_floor (a hard stop)"
     )
-    read.add_argument("--json", action="store_true", help="print the verdict as JSON (a list without --task)")
+    read.add_argument(
+        "--newest",
+        action="store_true",
+        help="judge only the newest run of each model directory and concurrency (default: every run there)",
+    )
+    read.add_argument(
+        "--format",
+        choices=("text", "json", "markdown"),
+        default="text",
+        help="text (default), json, or a Markdown table for $GITHUB_STEP_SUMMARY",
+    )
+    read.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="json",
+        help="the same as --format json (a list; one object with --task when one verdict applies)",
+    )
 
     demo = command(
         "demo",

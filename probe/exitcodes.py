@@ -13,14 +13,18 @@ READ_STATUS = {"ok": 0, "below_floor": 1, "unavailable": 2}
 
 READ = (
     (READ_STATUS["ok"], "ok: a finite score that meets the floor, and the probe did not cut the task short"),
-    (READ_STATUS["below_floor"], "below_floor: a finite score under the floor (a measured 0.0 included), or the probe "
-     "cut the task short (a generation pathology; the evidence is printed)"),
-    (READ_STATUS["unavailable"], "unavailable: no results file, one that cannot be read or ordered, no finite "
-     "score, or an unreadable sidecar"),
+    (READ_STATUS["below_floor"], "below_floor: a finite score under the floor (a measured 0.0 included), the probe "
+     "cut the task short (a generation pathology; the evidence is printed), or a run tripped and left no results"),
+    (READ_STATUS["unavailable"], "unavailable: no results (a directory that does not exist included), a file that "
+     "cannot be read or ordered, no finite score, an unreadable sidecar or trip record, or evidence that "
+     "contradicts itself"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it); never a verdict"),
     (USAGE, "usage error"),
 )  # fmt: skip
-READ_NOTE = "Without --task every task is judged, and the exit code is the worst status."
+READ_NOTE = (
+    "Every run the directory holds is judged (each results file, each InferenceX concurrency, each trip whose run "
+    "left no results; --newest: each model directory's newest), and the exit code is the worst status."
+)
 
 PATCH = (
     (0, "done; with --check: patched with the current probe"),

@@ -54,3 +54,11 @@ def test_demo_refuses_counts_that_are_not_plain_positive_integers(value: str) ->
     command = [PYTHON, "-m", "probe", "demo", "--base-url", "http://127.0.0.1:9", f"--docs={value}"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert run.returncode == exitcodes.USAGE and "--docs" in run.stderr, (run.returncode, run.stderr[-500:])
+
+
+def test_every_status_has_its_exit_code_and_its_line() -> None:
+    from probe.reader.model import Status
+
+    assert {status.value for status in Status} == set(exitcodes.READ_STATUS)
+    lines = dict(exitcodes.READ)
+    assert all(lines[exitcodes.READ_STATUS[status.value]].startswith(f"{status.value}:") for status in Status)

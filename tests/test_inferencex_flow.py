@@ -62,7 +62,10 @@ def test_inferencex_flow_gives_one_set_of_verdicts_per_concurrency(sim, tmp_path
     ]
     assert verdicts[1]["cause"] == "non-termination: cut short" and verdicts[1]["evidence"]["cut_off"] >= 16
     table = subprocess.run([PYTHON, "-m", "probe", "read", str(work)], capture_output=True, text=True).stdout
-    assert "concurrency 8:" in table and "concurrency 16:" in table
+    # Each block names its results file and run, with the concurrency.
+    for verdict in verdicts:
+        assert f"{verdict['results_file']} (run {verdict['run_id']}" in table
+        assert f"concurrency {verdict['concurrency']}" in table
 
 
 def test_a_concurrency_inferencex_records_as_failed_is_unavailable(tmp_path) -> None:

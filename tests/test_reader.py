@@ -14,10 +14,13 @@ from support.resultfiles import METRIC, write_results, write_sidecar
 
 from probe.demo.localtask import offline_env, task_name
 from probe.reader.contract import contract_fingerprint, contract_settings
+from probe.reader.render import describe
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import read_sidecar
-from probe.reader.verdict import classify, describe
+from probe.reader.verdict import classify, classify_all
 from probe.runtime import contract
+
+SIDECAR = contract.SIDECAR_NAME
 
 
 @pytest.mark.parametrize(
@@ -51,44 +54,44 @@ def test_floor() -> None:
 def test_classify_scores(tmp_path, value: object, status: str) -> None:
     write_results(tmp_path, value)
     verdict = classify(tmp_path, floor=0.5)
-    assert verdict["status"] == status
-    assert verdict["score"] == (finite_score(value))
-    json.dumps(verdict, allow_nan=False)  # plain JSON, whatever the score was
+    assert verdict.status == status
+    assert verdict.score == (finite_score(value))
+    json.dumps(verdict.to_json(), allow_nan=False)  # plain JSON, whatever the score was
 
 
 def test_a_measured_zero_is_below_floor_not_unavailable(tmp_path) -> None:
     write_results(tmp_path, 0.0)
     verdict = classify(tmp_path, floor=0.01)
-    assert (verdict["status"], verdict["score"], verdict["pathology"]) == ("below_floor", 0.0, None)
+    assert (verdict.status, verdict.score, verdict.pathology) == ("below_floor", 0.0, None)
 
 
 def test_missing_things_are_unavailable_with_a_reason(tmp_path) -> None:
-    assert "no results file" in classify(tmp_path, 0.5)["reason"]
+    assert "no results file" in classify(tmp_path, 0.5).reason
     write_results(tmp_path, 0.9)
-    assert "task 'mmlu'" in classify(tmp_path, 0.5, task="mmlu")["reason"]
-    assert "metric 'acc,none'" in classify(tmp_path, 0.5, metric="acc,none")["reason"]
+    assert "task 'mmlu'" in classify(tmp_path, 0.5, task="mmlu").reason
+    assert "metric 'acc,none'" in classify(tmp_path, 0.5, metric="acc,none").reason
 
 
 def test_corrupt_results_json_is_unavailable(tmp_path) -> None:
     path = write_results(tmp_path, 0.9)
     path.write_text('{"results": {"gsm8k": ')
     verdict = classify(tmp_path, 0.5)
-    assert verdict["status"] == "unavailable" and "cannot read" in verdict["reason"]
+    assert verdict.status == "unavailable" and "cannot read" in verdict.reason
 
 
 def test_default_task_and_metric_are_reported(tmp_path) -> None:
     write_results(tmp_path, 0.9)
     verdict = classify(tmp_path, 0.5)
-    assert (verdict["task"], verdict["metric"]) == ("gsm8k", METRIC)
+    assert (verdict.task, verdict.metric) == ("gsm8k", METRIC)
 
 
 def test_a_tripped_run_is_below_floor_whatever_the_score(tmp_path) -> None:
     write_results(tmp_path, 0.95, date=2.0)
     write_sidecar(tmp_path, tripped_at=3.0)
     verdict = classify(tmp_path, 0.5)
-    assert verdict["status"] == "below_floor" and verdict["score"] == 0.95
-    assert verdict["pathology"]["pathology"] == "non_terminating"
-    assert verdict["pathology"]["short_circuited_requests"] == 1303
+    assert verdict.status == "below_floor" and verdict.score == 0.95
+    assert verdict.pathology["pathology"] == "non_terminating"
+    assert verdict.pathology["short_circuited_requests"] == 1303
     text = describe(verdict)
     assert "16 of 16 generations" in text and "1303 requests were then answered with empty strings" in text
 
@@ -96,14 +99,18 @@ def test_a_tripped_run_is_below_floor_whatever_the_score(tmp_path) -> None:
 def test_a_tripped_run_without_results_is_still_explained(tmp_path) -> None:
     write_sidecar(tmp_path)
     verdict = classify(tmp_path, 0.5)
-    assert verdict["status"] == "below_floor" and "no results file" in verdict["reason"]
+    assert verdict.status == "below_floor" and "no results file" in verdict.reason
 
 
-def test_a_sidecar_older_than_the_run_is_stale(tmp_path) -> None:
-    write_results(tmp_path, 0.9, date=10_000.0)
+def test_a_sidecar_older_than_the_run_is_stale_and_its_own_runs_verdict(tmp_path) -> None:
+    write_results(tmp_path, 0.9, date=10_000.0, model_name="m")
     write_sidecar(tmp_path, tripped_at=1.0)
-    verdict = classify(tmp_path, 0.5)
-    assert verdict["status"] == "ok" and verdict["sidecar"]["state"] == "stale"
+    task, orphan = classify_all(tmp_path, 0.5)
+    assert task.status == "ok" and task.sidecar.state == "stale"
+    # The earlier run tripped and left no results: judged on its own, never hidden.
+    assert (orphan.task, orphan.status, orphan.source.trip_record) == (None, "below_floor", tmp_path / SIDECAR)
+    # The newest-only view drops it: a later run of the same model ("m") is there.
+    assert [v.status for v in classify_all(tmp_path, 0.5, newest_only=True)] == ["ok"]
 
 
 @pytest.mark.parametrize(
@@ -116,7 +123,7 @@ def test_an_unreadable_sidecar_is_never_healthy_nor_absent(tmp_path, content: st
     (tmp_path / contract.SIDECAR_NAME).write_text(content, encoding="latin-1")
     assert read_sidecar(tmp_path).state == "unreadable"
     verdict = classify(tmp_path, 0.5)
-    assert verdict["status"] == "unavailable" and "unreadable" in verdict["reason"]
+    assert verdict.status == "unavailable" and "unreadable" in verdict.reason
 
 
 def test_contract_follows_effective_values() -> None:
@@ -172,7 +179,10 @@ def test_read_on_real_runs(real_runs) -> None:
 
 def test_read_exit_codes(tmp_path) -> None:
     assert read_cli(str(tmp_path)).returncode == 2
-    assert read_cli(str(tmp_path / "missing")).returncode == 64
+    # A directory that is not there holds no results: unavailable (2), with the reason, never
+    # a usage error (64), which a pipeline would read as its own mistake.
+    missing = read_cli(str(tmp_path / "missing"), "--json")
+    assert missing.returncode == 2 and "does not exist" in json.loads(missing.stdout)[0]["reason"]
     assert read_cli(str(tmp_path), "--floor", "high").returncode == 64
 
 
@@ -201,7 +211,7 @@ def test_the_reader_imports_without_lm_eval(tmp_path) -> None:
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
         "from probe.reader.verdict import classify\nfrom probe.reader.contract import contract_fingerprint\n"
-        f"print(classify({str(tmp_path)!r}, 0.5)['status'], 'lm_eval' in sys.modules)\n"
+        f"print(classify({str(tmp_path)!r}, 0.5).status.value, 'lm_eval' in sys.modules)\n"
     )
     run = subprocess.run(["python3", "-c", code], capture_output=True, text=True, env=offline_env(None))
     assert run.stdout.split() == ["unavailable", "False"], run.stderr

@@ -34,8 +34,11 @@ def read_cli(result_dir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def unavailable_because(result_dir: Path, *words: str) -> None:
-    """``eval-probe read`` says unavailable (exit 2), and its reason names every one of ``words``."""
-    run = read_cli(result_dir)
+    """``eval-probe read`` says unavailable (exit 2), and its reason names every one of ``words``
+    (a last word ``--newest``: in the newest-only view)."""
+    newest = words[-1:] == ("--newest",)
+    run = read_cli(result_dir, *(("--newest",) if newest else ()))
+    words = words[:-1] if newest else words
     assert run.returncode == exitcodes.READ_STATUS["unavailable"], (run.returncode, run.stdout, run.stderr[-2000:])
     verdicts = json.loads(run.stdout)  # without --task: one verdict per task, a list
     reason = " | ".join(v["reason"] for v in verdicts if v["status"] == "unavailable")
@@ -49,9 +52,9 @@ def unavailable_because(result_dir: Path, *words: str) -> None:
 def test_the_newest_is_the_latest_recorded_start_not_the_latest_name(tmp_path: Path) -> None:
     # Made at 10:00 local time in UTC+9, an hour before a run made at 02:00 local time in UTC+0.
     write_results(tmp_path, 0.9, name="results_2026-11-30T10-00-00.000000.json", date=STARTED)
-    later = write_results(tmp_path, 0.1, name="results_2026-11-30T02-00-00.000000.json", date=STARTED + 3600)
-    verdict = classify(tmp_path, 0.5)
-    assert (verdict["results_file"], verdict["score"]) == (str(later), 0.1)
+    later = write_results(tmp_path, 0.9, name="results_2026-11-30T02-00-00.000000.json", date=STARTED + 3600)
+    verdict = classify(tmp_path, 0.5, newest_only=True)
+    assert (verdict.source.results_file, verdict.source.started_at) == (later, STARTED + 3600)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +67,7 @@ def test_names_neither_lm_eval_nor_inferencex_writes_are_not_results(tmp_path: P
     real = write_results(tmp_path, 0.1)
     write_results(tmp_path, 0.9, name=name, date=STARTED + 3600)
     verdict = classify(tmp_path, 0.5)
-    assert (verdict["results_file"], verdict["score"]) == (str(real), 0.1)
+    assert (verdict.source.results_file, verdict.score) == (real, 0.1)
 
 
 def test_inferencex_staged_names_are_results_with_their_concurrency(tmp_path: Path) -> None:
@@ -84,13 +87,18 @@ def test_inferencex_staged_names_are_results_with_their_concurrency(tmp_path: Pa
         (f"results_{ISO}_conc64_2.json", 64, STARTED + 10, None),
         (f"results_{ISO}_conc8.json", 8, STARTED, None),
     ]
-    # One set of verdicts per concurrency, each from its own newest file.
+    # Every run, each concurrency's in the order they started; the exit code is the worst.
     verdicts = classify_all(tmp_path, 0.05)
-    assert [(v["concurrency"], Path(v["results_file"]).name, v["status"]) for v in verdicts] == [
+    assert [(v.source.concurrency, v.source.results_file.name, v.status) for v in verdicts] == [
         (None, "out_2026-11-30T01-02-03.json", "ok"),
         (8, f"results_{ISO}_conc8.json", "ok"),
+        (64, f"results_{ISO}_conc64_2.json", "ok"),
         (64, newest.name, "ok"),
     ]
+    # --newest: one set of verdicts per concurrency, each from its own newest file.
+    verdicts = classify_all(tmp_path, 0.05, newest_only=True)
+    assert [(v.source.concurrency, v.source.results_file.name) for v in verdicts] == [
+        (None, "out_2026-11-30T01-02-03.json"), (8, f"results_{ISO}_conc8.json"), (64, newest.name)]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -124,8 +132,8 @@ def test_an_unreadable_model_directory_makes_the_verdict_unavailable(shared_dir:
             verdict = classify(shared_dir, 0.5)
     finally:
         (shared_dir / "model-b").chmod(0o755)
-    assert verdict["status"] == "unavailable"
-    assert "model-b" in verdict["reason"] and "Permission denied" in verdict["reason"]
+    assert verdict.status == "unavailable"
+    assert "model-b" in verdict.reason and "Permission denied" in verdict.reason
 
 
 def test_an_unreadable_older_candidate_is_not_skipped(tmp_path: Path) -> None:
@@ -150,10 +158,10 @@ def test_a_results_file_whose_start_time_cannot_be_trusted_is_unavailable(
     unavailable_because(tmp_path, *words)
 
 
-def test_two_candidates_recording_the_same_start_are_ambiguous(tmp_path: Path) -> None:
-    write_results(tmp_path, 0.9, subdir="model-a")
-    write_results(tmp_path, 0.1, subdir="model-b")
-    unavailable_because(tmp_path, "the same start time", "model-a", "model-b")
+def test_two_runs_of_one_slot_recording_the_same_start_cannot_be_ordered(tmp_path: Path) -> None:
+    write_results(tmp_path, 0.9, subdir="model")
+    write_results(tmp_path, 0.1, subdir="model", name=f"results_{ISO}.json")
+    unavailable_because(tmp_path, "the same start time", f"results_{ISO}.json", "--newest")
 
 
 # --- Hostile files ----------------------------------------------------------------------------
@@ -186,7 +194,8 @@ def test_a_huge_integer_score_is_not_a_finite_score(tmp_path: Path, digits: int)
     )
     run = read_cli(tmp_path, "--task", "gsm8k")
     assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stderr[-2000:]
-    assert json.loads(run.stdout)["score"] is None
+    shown = json.loads(run.stdout)  # one verdict (400 digits), or the unreadable file and the missing task
+    assert all(v["score"] is None for v in (shown if isinstance(shown, list) else [shown]))
 
 
 def test_a_fifo_at_the_sidecar_path_is_unreadable_without_blocking(tmp_path: Path) -> None:
@@ -254,7 +263,7 @@ def test_a_sidecar_linked_from_inside_the_result_directory_is_read(tmp_path: Pat
     write_results(tmp_path, 0.9)
     inside = write_sidecar(tmp_path, tripped_at=STARTED + 1).rename(tmp_path / "model" / "evidence.json")
     (tmp_path / contract.SIDECAR_NAME).symlink_to(inside)
-    assert classify(tmp_path, 0.5)["status"] == "below_floor"
+    assert classify(tmp_path, 0.5).status == "below_floor"
 
 
 def test_a_dangling_sidecar_link_is_unreadable_not_absent(tmp_path: Path) -> None:

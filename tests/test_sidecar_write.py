@@ -86,7 +86,10 @@ def test_the_temporary_file_is_unpredictable_and_never_follows_a_planted_link(tm
 
 
 def _trip(run_id: str, pid: int, when: float) -> dict:
-    return {"schema_version": 1, "verdict": {"run_id": run_id, "pid": pid, "tripped_at": when}, "final": None}
+    # A trip record that the one validator (sidecar.trip_record_problem) accepts.
+    record = {"tripped": True, "pathology": contract.PATHOLOGY, "observations": 16, "pathological": 16,
+              "finish_reasons": {"length": 16}, "max_tokens": [2048], "settings": {}}  # fmt: skip
+    return {"schema_version": 1, "verdict": {**record, "run_id": run_id, "pid": pid, "tripped_at": when}, "final": None}
 
 
 def test_a_paused_run_never_overwrites_the_next_runs_sidecar(tmp_path: Path) -> None:

@@ -79,7 +79,10 @@ def test_read_gives_each_of_two_tasks_its_own_status(two_tasks) -> None:
     output, healthy, broken = two_tasks["output"], two_tasks["healthy"], two_tasks["broken"]
     table = read_cli(output)
     assert table.returncode == 1  # the worst status: below_floor
-    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:3]}
+    lines = table.stdout.splitlines()
+    (path,) = output.glob("*/results_*.json")
+    assert lines[0].startswith(f"{path} (run ")  # the block names its results file and run
+    rows = {line.split()[0]: line.split() for line in lines[2:4]}
     assert rows[healthy][2:4] == ["1", "ok"] and rows[broken][2:4] == ["0", "below_floor"]
     assert "non-termination: cut short" in table.stdout
     assert read_cli(output, "--task", healthy).returncode == 0
@@ -199,5 +202,10 @@ def test_two_evaluations_under_one_command_are_two_runs(sim, tmp_path) -> None:
     trip = json.loads((output / contract.SIDECAR_NAME).read_text())["verdict"]
     newest = max(output.glob("*/results_*.json"), key=lambda p: json.loads(p.read_text())["date"])
     assert json.loads(newest.read_text())[EVIDENCE_KEY]["run_id"] != trip["run_id"]
-    (verdict,) = json.loads(read_cli(output, "--json").stdout)
-    assert (verdict["status"], verdict["score"], verdict["sidecar"]["state"]) == ("ok", 1.0, "another run's")
+    # Every run in the directory is judged: the first by its own trip, the second on its own.
+    first_run, second_run = json.loads(read_cli(output, "--json").stdout)
+    assert (first_run["status"], first_run["run_id"]) == ("below_floor", trip["run_id"])
+    assert (second_run["status"], second_run["score"], second_run["sidecar"]["state"]) == ("ok", 1.0, "another run's")
+    # The newest-only view: the second run alone.
+    (verdict,) = json.loads(read_cli(output, "--json", "--newest").stdout)
+    assert (verdict["results_file"], verdict["status"]) == (str(newest), "ok")

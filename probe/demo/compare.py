@@ -26,7 +26,8 @@ from probe.demo.localtask import offline_env, write_task
 from probe.demo.servercounters import UNREADABLE, server_counters
 from probe.demo.simserver import SimServer
 from probe.inject import payload
-from probe.reader.verdict import classify, describe
+from probe.reader.render import describe
+from probe.reader.verdict import classify
 from probe.terminal import fit
 
 # One full-length simulated generation takes max_tokens x this: 4096 tokens in ~8 s.
@@ -138,12 +139,12 @@ def demo(base_url: str | None, model: str | None, docs: int, max_tokens: int, co
             code, wall = _timed(label, log, call, counted)
             delta = counted()
             verdict = classify(output, floor=0.01)
-            figures[label] = RunFigures(delta[0], delta[1], wall, code, verdict["score"])
+            figures[label] = RunFigures(delta[0], delta[1], wall, code, verdict.score)
             if probed:
                 print(_table(figures))
                 print("\nthe reader's verdict on the probed run (eval-probe read " + str(output) + "):")
                 print(fit(describe(verdict)))
-                return 0 if code == 0 and verdict["pathology"] else exitcodes.DEMO_NOT_TRIPPED
+                return 0 if code == 0 and verdict.was_cut_short else exitcodes.DEMO_NOT_TRIPPED
     finally:
         if server is not None:
             server.stop()

@@ -1,2 +1,3 @@
-"""The reader: turns a result directory into a verdict. Imports neither lm-eval nor the patcher;
-it shares only the contract's names with the runtime (``probe.runtime.contract``)."""
+"""The reader: turns a result directory into verdicts. Imports neither lm-eval nor the patcher;
+from the runtime it shares only the pure core: the contract's names, the one definition of a
+valid sidecar (``probe.runtime.sidecar``) and what the rule counts (``probe.runtime.evidence``)."""

@@ -46,6 +46,19 @@ class Candidate:
     reason: str | None = None
     evidence: dict[str, Any] | None = None
     subtasks: dict[str, list[str]] | None = None  # lm-eval's group_subtasks: group -> its tasks
+    model_name: str | None = None  # lm-eval's model_name (the model= of --model_args)
+
+    @property
+    def run_id(self) -> str | None:
+        """The probe's identity of the run that wrote this file; None when unprobed (or unread)."""
+        value = (self.evidence or {}).get("run_id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def slot(self) -> tuple[str, int | None]:
+        """Which series of runs the file belongs to: its directory (lm-eval's model directory)
+        and InferenceX's concurrency. Re-runs into the same output path share a slot."""
+        return str(self.path.parent), self.concurrency
 
 
 def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Candidate]:
@@ -126,7 +139,9 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
         subtasks = _subtasks(document.get("group_subtasks"))
     except Unreadable as error:
         return Candidate(path, concurrency, reason=f"cannot read {path}: {error}")
-    return Candidate(path, concurrency, started, document["results"], evidence=evidence, subtasks=subtasks)
+    name = document.get("model_name")
+    return Candidate(path, concurrency, started, document["results"], evidence=evidence, subtasks=subtasks,
+                     model_name=name if isinstance(name, str) else None)  # fmt: skip
 
 
 def _subtasks(value: Any) -> dict[str, list[str]]:

@@ -12,13 +12,12 @@ import math
 from numbers import Real
 from typing import Any
 
+from probe.runtime.sidecar import MAX_CLOCK_SKEW_S  # one bound for every recorded time
+
 # Deeper than anything lm-eval or the probe writes (a results file nests about 6 levels),
 # and far from Python's recursion limit, so that printing or walking a document that
 # passed is always safe.
 MAX_DEPTH = 64
-# How far in the future a recorded time may lie: clocks of two hosts differ a little; a
-# time beyond this was not recorded by a run that has already happened.
-MAX_CLOCK_SKEW_S = 300.0
 
 
 class Unreadable(Exception):

@@ -8,6 +8,7 @@ from typing import Any
 
 from probe.reader.documents import Unreadable
 from probe.runtime.contract import EVIDENCE_KEY, SCHEMA_VERSION
+from probe.runtime.sidecar import finite_throughout
 
 # Above this share of cut-off generations a score carries a caveat (--max-cap-rate).
 DEFAULT_MAX_CAP_RATE = 0.05
@@ -38,12 +39,14 @@ def run_evidence(document: dict[str, Any]) -> dict[str, Any] | None:
     tasks = evidence.get("tasks")
     if not isinstance(tasks, dict) or not isinstance(evidence.get("tripped"), bool):
         raise Unreadable("the probe's evidence has no 'tasks' object or no 'tripped' flag")
-    if not _finite_everywhere(evidence):
+    if not finite_throughout(evidence):
         raise Unreadable("the probe's evidence holds a number that is not finite (NaN or Infinity)")
     for name, figures in [*tasks.items(), ("(unattributed)", evidence.get("unattributed"))]:
         if figures is None and name == "(unattributed)":
             continue
         problem = _figures_problem(figures)
+        if not problem and figures["tripped"] and not evidence["tripped"]:
+            problem = "is marked tripped while the run's evidence says nothing tripped: the evidence contradicts itself"
         if problem:
             raise Unreadable(f"the probe's evidence for task {name!r} {problem}")
     return evidence
@@ -65,41 +68,34 @@ def _figures_problem(figures: Any) -> str | None:
         return "has no list of max_tokens"
     if figures["cut_off"] > figures["observations"] or figures["empty_answers"] > figures["observations"]:
         return "counts more cut-off or empty answers than observations"
+    if figures["cancelled_in_flight"] > figures["short_circuited"]:
+        return "counts more requests cancelled in flight than answered blank"
+    if figures["short_circuited"] and not figures["tripped"]:
+        return (f"says {figures['short_circuited']} of its answers were blanked by the probe, yet its 'tripped' "
+                "flag is false: the evidence contradicts itself")  # fmt: skip
     return None
 
 
-def _finite_everywhere(value: Any) -> bool:
-    # The reader's JSON output is strict; the document is at most 64 levels deep (parse_json).
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite_everywhere(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_finite_everywhere(v) for v in value)
-    return True
-
-
-def cut_short(evidence: dict[str, Any] | None, trip: dict[str, Any] | None, final: dict[str, Any] | None) -> set[str]:
-    """Every task the evidence or this run's trip record says a trip cut short."""
-    found = {name for name, figures in (evidence or {}).get("tasks", {}).items() if figures["tripped"]}
-    for source in ((trip or {}).get("tasks"), *[g.get("tasks") for g in _groups(final)]):
-        if isinstance(source, list):
-            found |= {t for t in source if isinstance(t, str)}
-    return found
-
-
-def _groups(final: dict[str, Any] | None) -> list[dict[str, Any]]:
-    groups = (final or {}).get("short_circuited_groups")
-    return [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
-
-
-def mapping_unknown(evidence: dict[str, Any] | None, trip: dict[str, Any] | None) -> bool:
-    """Whether a trip may have cut short a task that no record names: a trip record
-    without tasks (an older probe), or blanked requests whose task the probe could not tell."""
-    if trip is not None and not isinstance(trip.get("tasks"), list):
-        return True
+def blanked_unattributed(evidence: dict[str, Any] | None) -> bool:
+    """Whether the probe blanked requests whose task it could not tell (``unattributed``)."""
     unattributed = (evidence or {}).get("unattributed")
     return bool(unattributed and (unattributed["tripped"] or unattributed["short_circuited"]))
+
+
+def summed(all_figures: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The figures of several tasks added up (a group's); None when there are none."""
+    if not all_figures:
+        return None
+    total: dict[str, Any] = {name: sum(f[name] for f in all_figures) for name in _COUNTS}
+    for name in ("causes", "finish_reasons"):
+        counts: dict[str, int] = {}
+        for figures in all_figures:
+            for key, value in figures[name].items():
+                counts[key] = counts.get(key, 0) + value
+        total[name] = counts
+    total["max_tokens"] = sorted({m for f in all_figures for m in f["max_tokens"]})
+    total["tripped"] = any(f["tripped"] for f in all_figures)
+    return total
 
 
 def cause_text(figures: dict[str, Any]) -> str:
@@ -109,15 +105,16 @@ def cause_text(figures: dict[str, Any]) -> str:
 
 
 def caveat(
-    figures: dict[str, Any], score: float | None, higher_is_better: bool, max_cap_rate: float
+    figures: dict[str, Any], score: float | None, higher_is_better: bool, max_cap_rate: float, force: bool = False
 ) -> dict[str, Any] | None:
-    """The caveat of a score when more than ``max_cap_rate`` of its generations were cut off.
+    """The caveat of a score when more than ``max_cap_rate`` of its generations were cut off
+    (with ``force``, when any was: a group whose task carries a caveat carries one too).
 
     The bound is the score had every cut-off answer been right (for a score in [0, 1]
     averaged over the generations); None when there is no score or it is not a proportion.
     """
     observed, cut = figures["observations"], figures["cut_off"]
-    if not observed or cut / observed <= max_cap_rate:
+    if not observed or not cut or (cut / observed <= max_cap_rate and not force):
         return None
     bound = None
     if score is not None and 0.0 <= score <= 1.0:

@@ -1,82 +1,77 @@
-"""Reading the probe's sidecar: absent, unreadable, or valid, never confused."""
+"""Reading the probe's trip records: the sidecar and the records later runs moved aside
+(``hyperloom_eval_probe.json.stale-<time>[-n]``); each absent, unreadable or valid, never
+confused. What is valid is the runtime's own definition (``trip_record_problem``)."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from probe.reader.documents import Unreadable, parse_json, recorded_time
-from probe.reader.files import read_regular_file
-from probe.runtime.contract import SCHEMA_VERSION, SIDECAR_NAME
+from probe.reader.documents import Unreadable, parse_json
+from probe.reader.files import list_directory, read_regular_file
+from probe.reader.model import SidecarState
+from probe.runtime.contract import SIDECAR_NAME
+from probe.runtime.sidecar import MAX_SIDECAR_BYTES, trip_record_problem
 
-MAX_SIDECAR_BYTES = 2**20  # the probe writes a few KiB
-
-State = Literal["absent", "unreadable", "valid"]
-_VERDICT_FIELDS = {
-    "tripped": bool,
-    "pathology": str,
-    "observations": int,
-    "pathological": int,
-    "finish_reasons": dict,
-    "max_tokens": list,
-    "settings": dict,
-    "tripped_at": (int, float),
-}
+# The names the runtime moves another run's sidecar to (ownership._move_aside).
+_MOVED_ASIDE = re.compile(re.escape(SIDECAR_NAME) + r"\.stale-(?:\d+|bad-time)(?:-\d+)?", re.ASCII)
 
 
 @dataclass(frozen=True)
 class Sidecar:
-    """What the result directory says about the probe."""
+    """One trip record file, as read: ``state`` is absent, unreadable (``error`` says why) or
+    valid (``trip`` is the document's ``verdict``, ``final`` its final counters)."""
 
-    state: State
+    state: SidecarState
     path: Path
-    trip: dict[str, Any] = field(default_factory=dict)  # the trip record (the document's "verdict" key)
+    trip: dict[str, Any] = field(default_factory=dict)
     final: dict[str, Any] | None = None
     error: str | None = None
+
+    @property
+    def records_a_trip(self) -> bool:
+        return self.state is SidecarState.VALID and self.trip.get("tripped") is True
 
 
 def read_sidecar(result_dir: Path | str, now: float | None = None) -> Sidecar:
     """Read ``result_dir``'s sidecar. Anything at its path that cannot be trusted is
     ``unreadable`` (with the reason), never absent and never healthy: a dangling or outside
     link, a FIFO or other special file, more than MAX_SIDECAR_BYTES, JSON nested too deep or
-    holding a non-finite number (NaN and Infinity are not JSON), a schema mismatch, or a
-    ``tripped_at`` that is not a finite time or lies in the future (see ``recorded_time``)."""
-    path = Path(result_dir) / SIDECAR_NAME
+    holding a non-finite number, anything ``trip_record_problem`` refuses, or a
+    ``tripped_at`` that lies in the future."""
+    return read_trip_record(Path(result_dir), Path(result_dir) / SIDECAR_NAME, now)
+
+
+def read_trip_records(result_dir: Path | str, now: float | None = None) -> list[Sidecar]:
+    """The sidecar of ``result_dir`` (absent or not) followed by every record moved aside
+    beside it, in name order. A directory that cannot be listed makes the sidecar itself
+    unreadable: a record there may have been missed."""
+    root = Path(result_dir)
+    now = time.time() if now is None else now
+    try:
+        moved = [Path(e.path) for e in list_directory(root) if _MOVED_ASIDE.fullmatch(e.name)]
+    except Unreadable as error:
+        return [Sidecar(SidecarState.UNREADABLE, root / SIDECAR_NAME, error=f"{root}: {error}")]
+    return [read_sidecar(root, now), *(read_trip_record(root, path, now) for path in moved)]
+
+
+def read_trip_record(root: Path, path: Path, now: float | None = None) -> Sidecar:
+    """The trip record file at ``path`` inside ``root``, judged as :func:`read_sidecar` says."""
     try:
         os.lstat(path)  # a dangling link is something at the path, not nothing
     except FileNotFoundError:
-        return Sidecar("absent", path)
+        return Sidecar(SidecarState.ABSENT, path)
     except OSError as error:
-        return Sidecar("unreadable", path, error=f"{path}: {error.strerror or error}")
+        return Sidecar(SidecarState.UNREADABLE, path, error=f"{path}: {error.strerror or error}")
     try:
-        document = parse_json(read_regular_file(Path(result_dir), path, MAX_SIDECAR_BYTES), finite_only=True)
-        problem = _schema_problem(document)
+        document = parse_json(read_regular_file(root, path, MAX_SIDECAR_BYTES), finite_only=True)
+        problem = trip_record_problem(document, time.time() if now is None else now)
         if problem:
             raise Unreadable(problem)
-        now = time.time() if now is None else now
-        recorded_time(document["verdict"]["tripped_at"], now, "tripped_at")
     except Unreadable as error:
-        return Sidecar("unreadable", path, error=f"{path}: {error}")
-    return Sidecar("valid", path, trip=document["verdict"], final=document.get("final"))
-
-
-def _schema_problem(document: Any) -> str | None:
-    if not isinstance(document, dict):
-        return "not a JSON object"
-    version = document.get("schema_version")
-    if type(version) is not int or version != SCHEMA_VERSION:  # true == 1 in Python, not here
-        return f"schema_version {version!r} is not the supported {SCHEMA_VERSION}"
-    verdict = document.get("verdict")
-    if not isinstance(verdict, dict):
-        return "no verdict object"
-    for name, kind in _VERDICT_FIELDS.items():
-        value = verdict.get(name)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            return f"verdict field {name!r} is missing or of the wrong type"
-    final = document.get("final")
-    if final is not None and not isinstance(final, dict):
-        return "final is neither null nor an object"
-    return None
+        return Sidecar(SidecarState.UNREADABLE, path, error=f"{path}: {error}")
+    return Sidecar(SidecarState.VALID, path, trip=document["verdict"], final=document.get("final"))

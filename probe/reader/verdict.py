@@ -1,31 +1,55 @@
-"""Turning a result directory into verdicts, one per task: ok, below_floor or unavailable.
+"""Turning a result directory into verdicts, one per task of every run it holds: ok,
+below_floor or unavailable.
 
 A measured 0.0 is a measurement (below the floor); an error is not (unavailable); a task
 the probe cut short is never ok, and carries the probe's evidence; a score made of cut-off
-answers carries a caveat with its bound.
+answers carries a caveat with its bound; a group is never better than its worst task; and
+evidence that contradicts itself is unavailable. Reading costs time linear in what is read.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from probe.reader import evidence as ev
-from probe.reader.candidates import Candidate, list_candidates, newest
+from probe.reader.candidates import Candidate, list_candidates
 from probe.reader.documents import Unreadable
+from probe.reader.evaluations import Evaluation, Holdings, holdings
 from probe.reader.inferencex import Concurrencies, read_meta_env
+from probe.reader.model import SidecarState, SidecarView, Source, Status, TripContext, Verdict
 from probe.reader.results import pick_metric
 from probe.reader.scores import accuracy_meets_floor, finite_score
-from probe.reader.sidecar import Sidecar, read_sidecar
-from probe.runtime.contract import PATHOLOGY
+from probe.reader.sidecar import Sidecar, read_trip_records
+from probe.reader.words import trip_words
+from probe.runtime.contract import PATHOLOGY, SIDECAR_NAME
+from probe.runtime.evidence import is_pathological
 
-# A sidecar whose trip predates the start of the run in the results file by more than
-# this is from an earlier run in the same directory (used when the results carry no run id).
-_STALE_SLACK_S = 5.0
-# Worst first: the exit code of several verdicts is the worst one's.
-SEVERITY = ("unavailable", "below_floor", "ok")
+_NO_RESULTS = "(lm-eval's results_<time>.json, or InferenceX's results_<time>_conc<N>.json)"
+
+
+@dataclass(frozen=True)
+class Options:
+    """The options of one ``read``: the floor and which side of it is better, the metric
+    (None: each task's first accuracy-like one), and the cap-rate rules."""
+
+    floor: float
+    metric: str | None = None
+    higher_is_better: bool = True
+    max_cap_rate: float = ev.DEFAULT_MAX_CAP_RATE
+    cap_rate_fails: bool = False
+
+    def fails_on(self, caveat: dict[str, Any] | None) -> bool:
+        """Whether ``caveat`` makes a score below_floor: --cap-rate-fails, and more than
+        --max-cap-rate cut off (a group's caveat taken from one of its tasks may be under it)."""
+        return bool(caveat and self.cap_rate_fails and caveat["cut_off"] / caveat["observations"] > self.max_cap_rate)
+
+    def __post_init__(self) -> None:
+        if finite_score(self.floor) is None:  # against NaN every score is below the floor
+            raise ValueError(f"the floor must be a finite number, not {self.floor!r}")
 
 
 def classify_all(
@@ -36,27 +60,36 @@ def classify_all(
     max_cap_rate: float = ev.DEFAULT_MAX_CAP_RATE,
     cap_rate_fails: bool = False,
     now: float | None = None,
-) -> list[dict[str, Any]]:
-    """A verdict for every task of the newest results, one set per InferenceX concurrency.
+    newest_only: bool = False,
+) -> list[Verdict]:
+    """A verdict for every task of every run in ``result_dir`` (each results file in it and
+    in its model directories, each InferenceX concurrency, each trip whose run left no
+    results), in path order; with ``newest_only``, only each slot's newest run.
 
     Never empty: a directory with nothing to judge gives one unavailable verdict that says why.
-    ``floor`` must be finite (ValueError otherwise: against NaN every score is below it).
+    ``floor`` must be finite (ValueError otherwise).
     """
-    if finite_score(floor) is None:
-        raise ValueError(f"the floor must be a finite number, not {floor!r}")
+    options = Options(floor, metric, higher_is_better, max_cap_rate, cap_rate_fails)
     root = Path(result_dir)
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        return [_Judge(options, None).unavailable(Source(), f"{root} {what}: there are no results to judge")]
     now = time.time() if now is None else now
-    judge = _Judge(floor, metric, higher_is_better, max_cap_rate, cap_rate_fails, read_sidecar(root, now))
+    held = holdings(list_candidates(root, now), read_trip_records(root, now), newest_only)
+    judge = _Judge(options, held)
+    verdicts: list[Verdict] = []
     try:
         concurrencies = read_meta_env(root)
-    except Unreadable as error:
-        return [judge.unavailable(None, None, f"InferenceX's meta_env.json cannot be read: {error}")]
-    by_concurrency: dict[int | None, list[Candidate]] = {}
-    for candidate in list_candidates(root, now):
-        by_concurrency.setdefault(candidate.concurrency, []).append(candidate)
-    verdicts: list[dict[str, Any]] = []
-    for concurrency in sorted(set(by_concurrency) | set(concurrencies.asked), key=lambda c: (c is not None, c)):
-        verdicts += judge.concurrency(concurrency, by_concurrency.get(concurrency, []), concurrencies)
+    except Unreadable as error:  # which concurrencies failed cannot be told; the runs are still judged
+        concurrencies = Concurrencies()
+        verdicts.append(judge.unavailable(Source(), f"InferenceX's meta_env.json cannot be read: {error}"))
+    verdicts += judge.inferencex(concurrencies, held)
+    verdicts += [judge.unavailable(Source(c.path, concurrency=c.concurrency), c.reason or "") for c in held.unusable]
+    for evaluation in held.evaluations:
+        verdicts += judge.run(evaluation)
+    verdicts += [judge.orphan(trip) for trip in held.orphans]
+    verdicts += [judge.unavailable(Source(trip_record=r.path), f"a trip record cannot be read: {r.error}: whether its "
+                                   "run was cut short cannot be told") for r in held.broken]  # fmt: skip
     return verdicts or [judge.no_results(root)]
 
 
@@ -69,261 +102,263 @@ def classify(
     max_cap_rate: float = ev.DEFAULT_MAX_CAP_RATE,
     cap_rate_fails: bool = False,
     now: float | None = None,
-) -> dict[str, Any]:
-    """The verdict on one task (default: the first task of the newest results)."""
-    verdicts = classify_all(result_dir, floor, metric, higher_is_better, max_cap_rate, cap_rate_fails, now)
+    newest_only: bool = False,
+) -> Verdict:
+    """The worst verdict on ``task`` (default: the first task judged) across the runs, the
+    verdicts on whole evaluations included (see :func:`select`)."""
+    verdicts = classify_all(result_dir, floor, metric, higher_is_better, max_cap_rate, cap_rate_fails, now,
+                            newest_only)  # fmt: skip
     if task is None:
-        return verdicts[0]
-    found = [v for v in verdicts if v["task"] == task]
-    if found:
-        return found[0]
-    first = verdicts[0]
-    where = first["results_file"] or str(result_dir)
-    return {**first, **_blank(task, None), "status": "unavailable", "reason": f"task {task!r} is not in {where}"}
+        task = next((v.task for v in verdicts if v.task is not None), None)
+    chosen = select(verdicts, task) if task is not None else verdicts
+    return min(chosen, key=lambda v: v.status.severity)
 
 
-def worst(verdicts: Iterable[dict[str, Any]]) -> str:
-    """The worst status among ``verdicts`` (see SEVERITY)."""
-    return min((v["status"] for v in verdicts), key=SEVERITY.index)
+def select(verdicts: list[Verdict], task: str) -> list[Verdict]:
+    """The verdicts on ``task``, and every verdict on a whole evaluation (a concurrency that
+    failed, a file that cannot be read, a run that left no results): a filter never drops
+    what applies to it. When no run has the task, one unavailable verdict names the tasks
+    there are."""
+    chosen = [v for v in verdicts if v.task == task or v.applies_to_every_task]
+    if any(v.task == task for v in chosen):
+        return chosen
+    names = sorted({v.task for v in verdicts if v.task is not None})
+    listed = ", ".join(repr(n) for n in names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    template = chosen[0] if chosen else verdicts[0]
+    missing = Verdict(
+        Status.UNAVAILABLE, f"task {task!r} is in no results file here; the tasks there are: {listed or 'none'}",
+        template.floor, template.higher_is_better, Source(), template.sidecar, task=task,
+        evidence_status=Status.UNAVAILABLE,
+    )  # fmt: skip
+    return [missing, *chosen]  # fmt: skip
 
 
-def _blank(task: str | None, metric: str | None) -> dict[str, Any]:
-    return {"task": task, "metric": metric, "score": None, "cap_rate": None, "cause": None, "caveat": None,
-            "evidence": None, "pathology": None}  # fmt: skip
+def worst(verdicts: Iterable[Verdict]) -> Status:
+    """The worst status among ``verdicts`` (unavailable, then below_floor, then ok)."""
+    return Status.worst(v.status for v in verdicts)
 
 
 class _Judge:
-    """The rules, applied to one task at a time with the options of one `read`."""
+    """The rules, applied to the runs of one directory with the options of one ``read``."""
 
-    def __init__(
-        self, floor: float, metric: str | None, higher: bool, max_cap_rate: float, fails: bool, sidecar: Sidecar
-    ) -> None:
-        self.floor, self.metric, self.higher = floor, metric, higher
-        self.max_cap_rate, self.fails, self.sidecar = max_cap_rate, fails, sidecar
+    def __init__(self, options: Options, held: Holdings | None) -> None:
+        self.options = options
+        self.sidecar = held.sidecar if held else Sidecar(SidecarState.ABSENT, Path(SIDECAR_NAME))
+        self.view = SidecarView(self.sidecar.state, self.sidecar.path, self.sidecar.error)
 
-    def base(self, concurrency: int | None, candidate: Candidate | None) -> dict[str, Any]:
-        return {
-            "status": None, "reason": None, **_blank(None, None), "floor": self.floor,
-            "higher_is_better": self.higher, "concurrency": concurrency,
-            "results_file": str(candidate.path) if candidate else None,
-            "sidecar": {"state": self.sidecar.state, "path": str(self.sidecar.path), "error": self.sidecar.error},
-        }  # fmt: skip
+    def verdict(self, source: Source, status: Status, reason: str, **fields: Any) -> Verdict:
+        view = fields.pop("sidecar", self.view)
+        return Verdict(status, reason, self.options.floor, self.options.higher_is_better, source, view, **fields)
 
-    def unavailable(self, concurrency: int | None, candidate: Candidate | None, reason: str) -> dict[str, Any]:
-        return {**self.base(concurrency, candidate), "status": "unavailable", "reason": reason}
+    def unavailable(self, source: Source, reason: str, **fields: Any) -> Verdict:
+        return self.verdict(source, Status.UNAVAILABLE, reason, evidence_status=Status.UNAVAILABLE, **fields)
 
-    def no_results(self, root: Path) -> dict[str, Any]:
-        """Nothing to judge: unavailable, unless a trip record explains why (the run was cut
-        short and then ended before lm-eval wrote its results)."""
-        missing = (f"no results file under {root} (lm-eval's results_<time>.json, or InferenceX's "
-                   "results_<time>_conc<N>.json)")  # fmt: skip
-        sidecar = self.sidecar
-        if sidecar.state == "unreadable":
-            missing += f"; and the probe's sidecar is unreadable ({sidecar.error})"
-        verdict = self.unavailable(None, None, missing)
-        if sidecar.state == "valid" and sidecar.trip.get("tripped") is True:
-            verdict.update(status="below_floor", pathology=_pathology(sidecar.trip, sidecar.final, None),
-                           reason=f"generation pathology: {PATHOLOGY} (the probe tripped); and {missing}",
-                           cause="non-termination: cut short")  # fmt: skip
-        return verdict
+    def no_results(self, root: Path) -> Verdict:
+        """Nothing to judge at all: unavailable, with the reason."""
+        missing = f"no results file under {root} {_NO_RESULTS}"
+        if self.sidecar.state is SidecarState.UNREADABLE:
+            missing += f"; and the probe's sidecar is unreadable ({self.sidecar.error})"
+        return self.unavailable(Source(), missing)
 
-    def concurrency(self, concurrency: int | None, candidates: list[Candidate], asked: Concurrencies) -> list[dict]:
-        if concurrency in asked.failed:
-            return [self.unavailable(concurrency, None, f"InferenceX records concurrency {concurrency} as failed")]
-        chosen = newest(candidates)
-        if chosen is None:
-            return [self.unavailable(concurrency, None, f"no results file for concurrency {concurrency}")]
-        if chosen.reason is not None or chosen.results is None:
-            return [self.unavailable(concurrency, chosen, chosen.reason or "no results")]
-        trip, final, state = self._trip_of(chosen)
-        tasks = [t for t in chosen.results if isinstance(chosen.results[t], dict)]
-        if not tasks:
-            return [self.unavailable(concurrency, chosen, f"no task in {chosen.path.name}")]
-        verdicts = {name: self.task(concurrency, chosen, name, trip, final, state, len(tasks)) for name in tasks}
-        _groups_follow_their_tasks(verdicts, chosen.subtasks or {})
-        return list(verdicts.values())
+    def orphan(self, trip: TripContext) -> Verdict:
+        """A run that tripped and left no results file: below_floor, with the trip's evidence."""
+        words = trip_words(trip.record)
+        return self.verdict(
+            Source(run_id=trip.run_id, trip_record=trip.path), Status.BELOW_FLOOR,
+            f"{words.reason} (the probe tripped); and no results file of this run {_NO_RESULTS}: it ended before "
+            "lm-eval wrote one", cause=words.cause, pathology=_pathology(trip, None),
+            sidecar=SidecarView(SidecarState.VALID, trip.path), evidence_status=Status.BELOW_FLOOR,
+        )  # fmt: skip
 
-    def _trip_of(self, chosen: Candidate) -> tuple[dict | None, dict | None, str]:
-        """This run's trip record from the sidecar, if the sidecar is this run's."""
-        sidecar = self.sidecar
-        if sidecar.state != "valid" or sidecar.trip.get("tripped") is not True:
-            return None, None, sidecar.state
-        run = (chosen.evidence or {}).get("run_id")
-        if run is not None:
-            if sidecar.trip.get("run_id") != run:
-                return None, None, "another run's"
-        elif chosen.started_at is not None and sidecar.trip["tripped_at"] < chosen.started_at - _STALE_SLACK_S:
-            return None, None, "stale"
-        return sidecar.trip, sidecar.final, "valid"
+    def inferencex(self, asked: Concurrencies, held: Holdings) -> list[Verdict]:
+        """A verdict for each concurrency meta_env.json records as failed or that left no results."""
+        present = {c.concurrency for c in held.unusable} | {e.candidate.concurrency for e in held.evaluations}
+        found = []
+        for c in sorted(set(asked.failed) | (set(asked.asked) - present)):
+            reason = f"InferenceX records concurrency {c} as failed" if c in asked.failed else (
+                f"no results file for concurrency {c}")  # fmt: skip
+            found.append(self.unavailable(Source(concurrency=c), reason))
+        return found
 
-    def task(
-        self, concurrency: int | None, chosen: Candidate, task: str, trip: dict | None, final: dict | None,
-        state: str, n_tasks: int,
-    ) -> dict[str, Any]:  # fmt: skip
-        verdict = self.base(concurrency, chosen)
-        verdict["sidecar"]["state"] = state
-        metrics = chosen.results[task]
-        metric = self.metric or pick_metric(metrics)
+    def run(self, evaluation: Evaluation) -> list[Verdict]:
+        """The verdicts on every task of one results file, groups folded onto their tasks."""
+        c, trip = evaluation.candidate, evaluation.trip
+        source = Source(c.path, c.run_id or (trip.run_id if trip else None), c.started_at, c.concurrency,
+                        trip.path if trip else None)  # fmt: skip
+        results = c.results or {}
+        facts = _RunFacts(c, trip)
+        view = evaluation.sidecar
+        rows = {name: row for name, row in results.items() if isinstance(row, dict)}
+        found = [
+            self.unavailable(source, f"the results row of task {name!r} is a {type(row).__name__}, not an object",
+                             task=name, sidecar=view)
+            for name, row in results.items() if name not in rows
+        ]  # fmt: skip
+        found += [
+            self.unavailable(source, f"the probe's records name task {name!r} as cut short, but {c.path.name} has "
+                             "no results row for it: the evidence contradicts itself", task=name, sidecar=view)
+            for name in sorted(facts.cut_short - set(results))
+        ]  # fmt: skip
+        judged = {name: self.task(source, evaluation, facts, name, row) for name, row in rows.items()}
+        if not judged and not found:
+            return [self.unavailable(source, f"no task in {c.path.name}", sidecar=view)]
+        return found + list(_fold_groups(judged, c.subtasks or {}, self).values())
+
+    def task(self, source: Source, evaluation: Evaluation, facts: _RunFacts, task: str, metrics: dict) -> Verdict:
+        options = self.options
+        metric = options.metric or pick_metric(metrics)
         value = finite_score(metrics.get(metric)) if metric in metrics else None
-        figures = (chosen.evidence or {}).get("tasks", {}).get(task)
-        verdict.update(task=task, metric=metric, score=value, evidence=figures, cap_rate=ev.cap_rate(figures))
-
-        def decide(status: str, reason: str, cause: str | None = None) -> dict[str, Any]:
-            return {**verdict, "status": status, "reason": reason, "cause": cause}
-
-        if self.sidecar.state == "unreadable":
-            return decide("unavailable", f"the probe's sidecar is unreadable ({self.sidecar.error}): whether the "
-                          "run was cut short cannot be told")  # fmt: skip
-        short = ev.cut_short(chosen.evidence, trip, final)
-        unknown = (trip is not None or bool(chosen.evidence and chosen.evidence["tripped"])) and ev.mapping_unknown(
-            chosen.evidence, trip
-        )
-        if task in short or (unknown and n_tasks == 1):
-            verdict["pathology"] = _pathology(trip, final, figures)
+        figures = facts.figures.get(task)
+        base = {"task": task, "metric": metric, "score": value, "evidence": figures, "cap_rate": ev.cap_rate(figures),
+                "sidecar": evaluation.sidecar}  # fmt: skip
+        if self.sidecar.state is SidecarState.UNREADABLE:
+            return self.unavailable(source, f"the probe's sidecar is unreadable ({self.sidecar.error}): whether the "
+                                    "run was cut short cannot be told", **base)  # fmt: skip
+        if facts.marks(task):
+            words = trip_words(facts.trip.record if facts.trip else None)
             missing = "" if value is not None else f"; and no finite score for {metric!r}"
-            return decide("below_floor", f"generation pathology: {PATHOLOGY} (the probe cut this task short){missing}",
-                          "non-termination: cut short")  # fmt: skip
-        if unknown and not (figures and not figures["short_circuited"]):
-            return decide("unavailable", "the probe cut part of this run short, and whether this task was among "
-                          "what it cut is not recorded")  # fmt: skip
+            return self.verdict(source, Status.BELOW_FLOOR, f"{words.reason} (the probe cut this task short){missing}",
+                                cause=words.cause, pathology=_pathology(facts.trip, figures),
+                                evidence_status=Status.BELOW_FLOOR, **base)  # fmt: skip
+        if facts.may_have_blanked(task):
+            return self.unavailable(source, "the probe cut part of this run short, and whether this task was among "
+                                    "what it cut is not recorded", **base)  # fmt: skip
         if metric is None or metric not in metrics:
-            return decide("unavailable", f"metric {metric!r} is not in task {task!r}")
+            return self.unavailable(source, f"metric {metric!r} is not in task {task!r}", **base)
         if value is None:
-            return decide("unavailable", f"the score {metrics.get(metric)!r} is not a finite number")
-        return self._score(verdict, figures, value, decide)
+            return self.unavailable(source, f"the score {metrics.get(metric)!r} is not a finite number", **base)
+        return self.score(source, value, figures, self.caveat(figures, value), **base)
 
-    def _score(self, verdict: dict[str, Any], figures: dict | None, value: float, decide: Any) -> dict[str, Any]:
-        caveat = ev.caveat(figures, value, self.higher, self.max_cap_rate) if figures else None
+    def caveat(self, figures: dict | None, value: float, force: bool = False) -> dict[str, Any] | None:
+        """The caveat due to a score built on ``figures`` (with ``force``, whatever the cap rate)."""
+        options = self.options
+        return ev.caveat(figures, value, options.higher_is_better, options.max_cap_rate, force) if figures else None
+
+    def score(self, source: Source, value: float, figures: dict | None, caveat: dict | None, **base: Any) -> Verdict:
+        """The verdict a finite score gets, with its caveat (None when none is due)."""
+        options = self.options
         quiet = ev.silence(figures) if figures else None
         cause = quiet and "did not answer"
         if caveat:
-            verdict["caveat"] = caveat
-            cause = cause or f"cut off: {ev.cause_text(figures)}"  # type: ignore[arg-type]
+            cause = cause or f"cut off: {ev.cause_text(caveat)}"
         notes = "".join(f"; {note}" for note in (quiet, caveat and caveat["text"]) if note)
-        if caveat and self.fails:
-            return decide("below_floor", f"{caveat['cut_off']} of {caveat['observations']} generations were cut off, "
-                          f"more than --max-cap-rate {self.max_cap_rate:g}{notes}", cause)  # fmt: skip
-        if accuracy_meets_floor(value, self.floor, self.higher):
-            return decide("ok", f"the score meets the floor{notes}", cause)
-        return decide("below_floor", f"the score is below the floor{notes}", cause)
+        fields = {**base, "cause": cause, "caveat": caveat}
+        if options.fails_on(caveat):
+            return self.verdict(source, Status.BELOW_FLOOR, f"{caveat['cut_off']} of {caveat['observations']} "
+                                f"generations were cut off, more than --max-cap-rate {options.max_cap_rate:g}{notes}",
+                                evidence_status=Status.BELOW_FLOOR, **fields)  # fmt: skip
+        if accuracy_meets_floor(value, options.floor, options.higher_is_better):
+            return self.verdict(source, Status.OK, f"the score meets the floor{notes}", **fields)
+        return self.verdict(source, Status.BELOW_FLOOR, f"the score is below the floor{notes}", **fields)
 
 
-def _groups_follow_their_tasks(verdicts: dict[str, dict[str, Any]], subtasks: dict[str, list[str]]) -> None:
-    """A group's row aggregates its tasks' answers: it is never better than its worst task.
+class _RunFacts:
+    """What one run's evidence and trip record say, computed once per run: each task's
+    figures, the tasks a trip cut short, and whether the mapping to tasks is known."""
 
-    A group with a task the probe cut short is below_floor with that task's evidence; one
-    with an unavailable task is unavailable. (A task merely under the floor says nothing of
-    the group's own score.) Nested groups follow their subgroups.
+    def __init__(self, candidate: Candidate, trip: TripContext | None) -> None:
+        evidence = candidate.evidence or {}
+        self.trip = trip
+        self.figures: dict[str, dict[str, Any]] = evidence.get("tasks", {})
+        named = trip.named_tasks() if trip else set()
+        self.cut_short = {name for name, figures in self.figures.items() if figures["tripped"]} | (named or set())
+        tripped = trip is not None or evidence.get("tripped") is True
+        self.unknown = tripped and (named is None or ev.blanked_unattributed(evidence))
+        self.only_task = len([r for r in (candidate.results or {}).values() if isinstance(r, dict)]) == 1
+
+    def marks(self, task: str) -> bool:
+        """Whether this task was cut short (or, when the mapping is unknown, is the only task)."""
+        return task in self.cut_short or (self.unknown and self.only_task)
+
+    def may_have_blanked(self, task: str) -> bool:
+        figures = self.figures.get(task)
+        return self.unknown and not (figures and not figures["short_circuited"])
+
+
+def _fold_groups(verdicts: dict[str, Verdict], subtasks: dict[str, list[str]], judge: _Judge) -> dict[str, Verdict]:
+    """Each group's verdict, never better than its worst task, caveats included.
+
+    A group's figures are the sums of its tasks' (its caveat and cap rate come from them);
+    its status is the worse of what its own score says and what its tasks' evidence says
+    (cut short, unavailable, over --max-cap-rate with --cap-rate-fails; a task merely under
+    the floor says nothing of the group's own score). Nested groups follow their subgroups.
+    Each group is folded once, after its members: linear in groups plus memberships.
     """
-    for _ in range(len(subtasks)):  # enough rounds for any nesting
-        for group, members in subtasks.items():
-            verdict = verdicts.get(group)
-            judged = [v for m in members if (v := verdicts.get(m)) and (v["pathology"] or v["status"] == "unavailable")]
-            if verdict is None or not judged:
+    done: set[str] = set()
+    for start in subtasks:
+        # Iterative post-order walk; a cycle (a damaged file) is cut where it closes.
+        stack, entered = [(start, False)], set()
+        while stack:
+            group, ready = stack.pop()
+            if group in done or (not ready and group in entered):
                 continue
-            bad = min(judged, key=lambda v: SEVERITY.index(v["status"]))
-            if SEVERITY.index(bad["status"]) >= SEVERITY.index(verdict["status"]):
+            if not ready:
+                entered.add(group)
+                stack.append((group, True))
+                stack.extend((m, False) for m in subtasks.get(group, ()) if m in subtasks and m not in done)
                 continue
-            verdict.update(status=bad["status"], cause=bad["cause"], pathology=bad["pathology"],
-                           reason=f"its task {bad['task']!r} is {bad['status']} ({bad['reason']})")  # fmt: skip
+            done.add(group)
+            if group in verdicts:
+                members = [verdicts[m] for m in subtasks[group] if m in verdicts and m != group]
+                verdicts[group] = _fold(verdicts[group], members, judge, subtasks)
+    return verdicts
 
 
-def _pathology(trip: dict | None, final: dict | None, figures: dict | None) -> dict[str, Any]:
+def _fold(group: Verdict, members: list[Verdict], judge: _Judge, groups: dict[str, list[str]]) -> Verdict:
+    if not members:
+        return group
+    figures = ev.summed([m.evidence for m in members if m.evidence])
+    folded = group
+    if group.status is not Status.UNAVAILABLE and group.pathology is None and group.score is not None and figures:
+        caveat = judge.caveat(figures, group.score, force=any(m.caveat for m in members))
+        folded = judge.score(group.source, group.score, figures, caveat, task=group.task, metric=group.metric,
+                             score=group.score, evidence=figures, cap_rate=ev.cap_rate(figures),
+                             sidecar=group.sidecar)  # fmt: skip
+    bad = min(members, key=lambda m: m.evidence_status.severity)
+    if not bad.evidence_status.is_worse_than(folded.status):
+        folded = folded.but(evidence_status=Status.worst((folded.evidence_status, bad.evidence_status)))
+        cut = next((m for m in members if m.was_cut_short), None)
+        if cut is None or folded.was_cut_short:
+            return folded
+        # As bad already (its own score is under the floor): still say that a task was cut short.
+        reason = f"{folded.reason}; and {_culprit(cut, 'was cut short', groups)}"
+        return folded.but(pathology=cut.pathology, cause=cut.cause, reason=reason)
+    return folded.but(status=bad.evidence_status, evidence_status=bad.evidence_status, cause=bad.cause,
+                      pathology=bad.pathology or folded.pathology, caveat=folded.caveat or bad.caveat,
+                      reason=_culprit(bad, f"is {bad.evidence_status.value}", groups))  # fmt: skip
+
+
+def _culprit(member: Verdict, what: str, groups: dict[str, list[str]]) -> str:
+    """What a group says of the member it follows. A member that is a group itself passes on
+    what it says of its own culprit: the task at the bottom is named, and a reason never
+    grows with the depth of the nesting (which would make reading quadratic)."""
+    if member.task in groups and member.reason.startswith("its task "):
+        return member.reason
+    return f"its task {member.task!r} {what} ({member.reason})"
+
+
+def _pathology(trip: TripContext | None, figures: dict | None) -> dict[str, Any]:
+    """The evidence a cut-short verdict carries: the trip record's, else the results file's.
+
+    ``pathological`` counts what the rule counts (``is_pathological``): a generation the
+    server aborted is cut off, yet never evidence of a model that does not stop.
+    """
     keys = (
         "pathology", "observations", "pathological", "ratio", "finish_reasons", "repetition", "max_tokens",
         "group", "tasks", "settings", "settings_fingerprint", "tripped_at_iso", "seconds_since_first_request", "pid",
         "lm_eval_version", "model", "base_url", "run_id", "backend",
     )  # fmt: skip
-    found = {k: (trip or {}).get(k) for k in keys}
+    record = trip.record if trip else {}
+    found = {k: record.get(k) for k in keys}
     if trip is None and figures is not None:  # only the results file's evidence is at hand
-        found.update(pathology=PATHOLOGY, observations=figures["observations"], pathological=figures["cut_off"],
-                     finish_reasons=figures.get("finish_reasons"), max_tokens=figures.get("max_tokens"))  # fmt: skip
+        reasons = figures.get("finish_reasons") or {}
+        found.update(pathology=PATHOLOGY, observations=figures["observations"],
+                     pathological=sum(n for label, n in reasons.items() if is_pathological(label)),
+                     finish_reasons=reasons, max_tokens=figures.get("max_tokens"))  # fmt: skip
+    final = trip.final if trip else None
     found["short_circuited_requests"] = final.get("short_circuited_requests") if final else None
     found["cancelled_in_flight"] = final.get("cancelled_in_flight") if final else None
     if found["short_circuited_requests"] is None and figures is not None:
         found["short_circuited_requests"] = figures["short_circuited"]
         found["cancelled_in_flight"] = figures["cancelled_in_flight"]
     return found
-
-
-def _safe(value: object) -> str:
-    """``value`` as text a terminal shows as it is: control characters (a newline that would
-    forge a table row, an escape sequence) are written as escapes."""
-    text = str(value)
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def describe(verdict: dict[str, Any]) -> str:
-    """A human summary of one verdict: status, score, floor, file, caveat and evidence."""
-    what = f"{_safe(verdict['metric'])} of {_safe(verdict['task'])}" if verdict["task"] else "no task"
-    score = "none" if verdict["score"] is None else f"{verdict['score']:g}"
-    side = "higher" if verdict["higher_is_better"] else "lower"
-    lines = [
-        f"status:  {verdict['status']} ({_safe(verdict['reason'])})",
-        f"score:   {score} ({what}); floor {verdict['floor']:g}, {side} is better",
-        f"results: {verdict['results_file'] or 'none found'}"
-        + (f" (concurrency {verdict['concurrency']})" if verdict.get("concurrency") is not None else ""),
-        f"sidecar: {verdict['sidecar']['state']}"
-        + (f" ({verdict['sidecar']['error']})" if verdict["sidecar"]["error"] else ""),
-    ]
-    figures = verdict.get("evidence")
-    if figures:
-        lines.append(
-            f"generations: {figures['observations']} observed of {figures['generate_requests']} asked; "
-            f"{figures['cut_off']} cut off ({ev.cause_text(figures)}); {figures['empty_answers']} empty answers"
-        )
-    found = verdict["pathology"]
-    if found:
-        lines.append(_pathology_text(found))
-    return "\n".join(_safe(line) for line in lines)
-
-
-def _pathology_text(found: dict[str, Any]) -> str:
-    reasons = ", ".join(f"{k}={v}" for k, v in (found["finish_reasons"] or {}).items())
-    caps = ", ".join(str(m) for m in found["max_tokens"] or [])
-    if found["short_circuited_requests"] is None:
-        after = "The final counters were not written (the process ended before its exit handlers ran)."
-    else:
-        after = (
-            f"{found['short_circuited_requests']} requests were then answered with empty strings without "
-            f"contacting the server, and {found['cancelled_in_flight']} in-flight requests were cancelled."
-        )
-    when = found["seconds_since_first_request"]
-    where = [
-        f"model {found['model']} at {found['base_url']}" if found["model"] else "",
-        f"lm-eval {found['lm_eval_version']}" if found["lm_eval_version"] else "",
-        f"probe settings {found['settings_fingerprint']}" if found["settings_fingerprint"] else "",
-    ]
-    context = ", ".join(w for w in where if w)
-    return (
-        f"evidence: the probe tripped on a generation pathology ({found['pathology']}, the model does not stop). "
-        f"{found['pathological']} of {found['observations']} generations it observed ended at the max_tokens "
-        f"cap ({caps}) or by repetition (finish reasons: {reasons})"
-        + (f", {when} s after the first request" if when is not None else "")
-        + f". {after}"
-        + (f" {context[0].upper()}{context[1:]}." if context else "")
-    )
-
-
-def table(verdicts: list[dict[str, Any]]) -> str:
-    """The verdicts as a table: task, metric, score, status, cap rate, cause; then each
-    verdict's reason, and one block per InferenceX concurrency."""
-    out: list[str] = []
-    for concurrency in dict.fromkeys(v.get("concurrency") for v in verdicts):
-        rows = [v for v in verdicts if v.get("concurrency") == concurrency]
-        if concurrency is not None:
-            out.append(f"concurrency {concurrency}:")
-        cells = [("task", "metric", "score", "status", "cap rate", "cause")]
-        for v in rows:
-            score = "none" if v["score"] is None else f"{v['score']:.4g}"
-            rate = "n/a" if v["cap_rate"] is None else f"{v['cap_rate']:.1%}"
-            cells.append(tuple(_safe(c) for c in (v["task"] or "-", v["metric"] or "-", score, v["status"], rate,
-                                                  v["cause"] or "-")))  # fmt: skip
-        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-        out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-        out += [_safe(f"  {v['task'] or '-'}: {v['status']} ({v['reason']})") for v in rows]
-        found = next((v["pathology"] for v in rows if v["pathology"]), None)
-        if found:
-            out.append(_safe(_pathology_text(found)))
-        out.append("")
-    return "\n".join(out).rstrip()

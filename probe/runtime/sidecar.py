@@ -179,17 +179,68 @@ def read_sidecar_at(path: str) -> tuple[dict[str, Any] | None, str]:
     return (None, problem) if problem else (document, "")
 
 
-def trip_record_problem(document: Any) -> str | None:
-    """Why ``document`` is not a sidecar this runtime can trust, or None when it is."""
-    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
-        return f"a JSON document that is not a schema-{SCHEMA_VERSION} sidecar"
+# How far in the future a recorded time may lie: the clocks of two hosts differ a little.
+MAX_CLOCK_SKEW_S = 300.0
+# The trip record's fields and their types: what the runtime writes (trip_document) and what
+# any reader of a sidecar may rely on. bool is refused where an int is meant (True == 1).
+TRIP_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "tripped": bool,
+    "pathology": str,
+    "observations": int,
+    "pathological": int,
+    "finish_reasons": dict,
+    "max_tokens": list,
+    "settings": dict,
+    "tripped_at": (int, float),
+}
+
+
+def trip_record_problem(document: Any, now: float | None = None) -> str | None:
+    """Why ``document`` is not a sidecar to trust, or None when it is: the one definition of
+    a valid sidecar, for the runtime and the reader alike.
+
+    Valid means: an object whose ``schema_version`` is the integer SCHEMA_VERSION (not
+    ``true``), whose ``verdict`` (the trip record) holds every field of TRIP_RECORD_FIELDS
+    with its type, whose ``final`` is null or an object, and which holds no non-finite
+    number anywhere. With ``now``, a ``tripped_at`` later than ``now`` by more than
+    MAX_CLOCK_SKEW_S is refused too (a reader judging a finished run asks that; the runtime,
+    which only moves another run's record aside, does not).
+    """
+    if not isinstance(document, dict):
+        return "a JSON document that is not an object"
+    version = document.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        return f"schema_version {version!r} is not the supported {SCHEMA_VERSION}"
     record = document.get("verdict")
     if not isinstance(record, dict):
-        return "a sidecar without a trip record"
-    when = record.get("tripped_at")
-    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
-        return "a sidecar whose trip time is not a finite number"
+        return "a sidecar without a trip record ('verdict' object)"
+    for name, kind in TRIP_RECORD_FIELDS.items():
+        value = record.get(name)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            return f"a trip record whose field {name!r} is missing or of the wrong type"
+    final = document.get("final")
+    if final is not None and not isinstance(final, dict):
+        return "a sidecar whose 'final' is neither null nor an object"
+    if not finite_throughout(document):
+        return "a sidecar holding a number that is not finite (NaN or Infinity)"
+    if now is not None and record["tripped_at"] > now + MAX_CLOCK_SKEW_S:
+        return f"a trip record in the future ('tripped_at' {record['tripped_at'] - now:.0f} s ahead of this clock)"
     return None
+
+
+def finite_throughout(document: Any) -> bool:
+    """Whether ``document`` (parsed JSON) holds no NaN or infinity anywhere. Iterative: a
+    hostile document may be deep, and this never recurses."""
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return True
 
 
 def record_identity(document: Mapping[str, Any]) -> tuple[Any, Any, Any]:

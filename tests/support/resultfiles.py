@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from probe.runtime import contract
+from probe.runtime.contract import EVIDENCE_KEY
 
 METRIC = "exact_match,strict-match"
 # lm-eval's `date`: time.time() when the evaluation started (a past instant by default).
@@ -23,8 +24,12 @@ def write_results(directory: Path, value: object, name: str = NAME, subdir: str 
     return path
 
 
-def write_sidecar(directory: Path, tripped_at: float = 1.0, **changes) -> Path:
-    """A valid sidecar of a tripped probe, with the document's keys replaced by ``changes``."""
+def write_sidecar(
+    directory: Path, tripped_at: float = 1.0, name: str = contract.SIDECAR_NAME, record: dict | None = None, **changes
+) -> Path:
+    """A valid sidecar of a tripped probe (at ``name``: a record moved aside is
+    ``<sidecar>.stale-<time>``), its trip record updated with ``record``, the document's keys
+    replaced by ``changes``."""
     document = {
         "schema_version": 1,
         "verdict": {
@@ -34,7 +39,41 @@ def write_sidecar(directory: Path, tripped_at: float = 1.0, **changes) -> Path:
         },
         "final": {"short_circuited_requests": 1303, "cancelled_in_flight": 48},
     }  # fmt: skip
+    document["verdict"].update(record or {})
     document.update(changes)
-    path = directory / contract.SIDECAR_NAME
+    path = directory / name
+    path.write_text(json.dumps(document))
+    return path
+
+
+def figures(**changes: object) -> dict:
+    """One task's evidence as the probe writes it: 40 healthy generations, with ``changes``."""
+    found = {
+        "generate_requests": 40, "observations": 40, "finish_reasons": {"stop": 40}, "cut_off": 0,
+        "cut_off_rate": 0.0, "causes": {"output_cap": 0}, "empty_answers": 0, "short_circuited": 0,
+        "cancelled_in_flight": 0, "below_min_max_tokens": 0, "max_tokens": [2048], "tripped": False,
+    }  # fmt: skip
+    found.update(changes)
+    return found
+
+
+def evidence(tasks: dict, tripped: bool = False, run_id: str = "f" * 32 + ".1") -> dict:
+    """The probe's entry in a results file, for ``tasks`` (name -> figures)."""
+    return {"schema_version": 1, "run_id": run_id, "tripped": tripped, "tasks": tasks, "unattributed": None}
+
+
+def write_run(
+    directory: Path,
+    scores: dict[str, float],
+    tasks: dict,
+    tripped: bool = False,
+    run_id: str = "f" * 32 + ".1",
+    **extra: object,
+) -> Path:
+    """A probed run's results file: ``scores`` (task -> score) and the evidence of ``tasks``;
+    ``extra`` as for :func:`write_results` (``subdir``, ``name``, ``date``, document keys)."""
+    path = write_results(directory, 0.0, **{EVIDENCE_KEY: evidence(tasks, tripped, run_id)}, **extra)
+    document = json.loads(path.read_text())
+    document["results"] = {name: {"alias": name, METRIC: score} for name, score in scores.items()}
     path.write_text(json.dumps(document))
     return path

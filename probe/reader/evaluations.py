@@ -1,0 +1,145 @@
+"""Which evaluations a result directory holds: every results file, each paired with the
+trip record of its run, and every trip record whose run left no results file (pure).
+
+A trip record belongs to the results file that carries its ``run_id``; results without a
+run id (an unprobed run, an older probe) take a record not claimed so, when its trip is no
+earlier than their recorded start (less a little slack), the latest such run first. A
+record that no results file takes is an *orphan*: its run tripped and then ended before
+lm-eval wrote results (killed, crashed), and it is judged on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from probe.reader.candidates import Candidate, newest
+from probe.reader.model import SidecarState, SidecarView, TripContext
+from probe.reader.sidecar import Sidecar
+
+# A trip earlier than the recorded start of a run without a run id by more than this is from
+# an earlier run in the same directory.
+STALE_SLACK_S = 5.0
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One results file to judge, with the trip record of its run (None when it did not
+    trip) and what the directory's trip records are to it."""
+
+    candidate: Candidate
+    trip: TripContext | None
+    sidecar: SidecarView
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """Everything a result directory holds to judge: ``evaluations`` (readable results),
+    ``unusable`` (candidates that cannot be read or, in the newest-only view, ordered, each
+    with its reason), ``orphans`` (trips whose run left no results) and ``broken`` (trip
+    records moved aside that cannot be read). ``sidecar`` is the directory's own sidecar."""
+
+    evaluations: list[Evaluation]
+    unusable: list[Candidate]
+    orphans: list[TripContext]
+    broken: list[Sidecar]
+    sidecar: Sidecar
+
+
+def holdings(candidates: list[Candidate], records: list[Sidecar], newest_only: bool = False) -> Holdings:
+    """Pair ``candidates`` with ``records`` (``records[0]`` is the directory's sidecar).
+
+    With ``newest_only``, each slot (model directory and concurrency) keeps only its newest
+    results file, and an orphan trip is dropped when a results file of the same model
+    started after it (a re-run); one whose model cannot be told is never dropped.
+    """
+    sidecar = records[0]
+    trips = [TripContext(r.trip, r.final, r.path) for r in records if r.records_a_trip]
+    readable = [c for c in candidates if c.reason is None and c.results is not None]
+    unusable = [c for c in candidates if c.reason is not None or c.results is None]
+    paired, orphans = _pair(readable, trips)
+    if newest_only:
+        readable, unusable = _newest_per_slot(candidates)
+        orphans = [t for t in orphans if not _superseded(t, readable)]
+    default = _unpaired_state(sidecar)
+    evaluations = [
+        Evaluation(c, paired.get(id(c)), _view(paired.get(id(c)), c, trips, sidecar, default))
+        for c in sorted(readable, key=_order)
+    ]
+    broken = [r for r in records[1:] if r.state is SidecarState.UNREADABLE]
+    return Holdings(evaluations, unusable, orphans, broken, sidecar)
+
+
+def _order(candidate: Candidate) -> tuple[str, bool, int, float]:
+    # By directory, then concurrency (lm-eval's own names first), then start: each series in time order.
+    return str(candidate.path.parent), candidate.concurrency is not None, candidate.concurrency or 0, (
+        candidate.started_at or 0.0)  # fmt: skip
+
+
+def _pair(readable: list[Candidate], trips: list[TripContext]) -> tuple[dict[int, TripContext], list[TripContext]]:
+    by_run: dict[str, list[Candidate]] = {}
+    for candidate in readable:
+        if candidate.run_id is not None:
+            by_run.setdefault(candidate.run_id, []).append(candidate)
+    paired: dict[int, TripContext] = {}
+    unclaimed: list[TripContext] = []
+    for trip in trips:
+        owners = by_run.get(trip.run_id or "", [])
+        for owner in owners:
+            paired.setdefault(id(owner), trip)
+        if not owners:
+            unclaimed.append(trip)
+    # Runs without a run id, latest start first; each takes at most one record.
+    legacy = sorted((c for c in readable if c.run_id is None), key=lambda c: c.started_at or 0.0, reverse=True)
+    orphans = []
+    for trip in sorted(unclaimed, key=lambda t: t.tripped_at, reverse=True):
+        taker = next((c for c in legacy if id(c) not in paired and _may_own(c, trip)), None)
+        if taker is None:
+            orphans.append(trip)
+        else:
+            paired[id(taker)] = trip
+    return paired, sorted(orphans, key=lambda t: t.tripped_at)
+
+
+def _may_own(candidate: Candidate, trip: TripContext) -> bool:
+    return candidate.started_at is not None and trip.tripped_at >= candidate.started_at - STALE_SLACK_S
+
+
+def _all_predate(trips: list[TripContext], candidate: Candidate) -> bool:
+    return bool(trips) and candidate.started_at is not None and not any(_may_own(candidate, t) for t in trips)
+
+
+def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+    slots: dict[tuple[str, int | None], list[Candidate]] = {}
+    for candidate in candidates:
+        slots.setdefault(candidate.slot, []).append(candidate)
+    readable, unusable = [], []
+    for members in slots.values():
+        chosen = newest(members)
+        if chosen is None:
+            continue
+        (unusable if chosen.reason is not None or chosen.results is None else readable).append(chosen)
+    return readable, unusable
+
+
+def _superseded(trip: TripContext, readable: Iterable[Candidate]) -> bool:
+    return trip.model is not None and any(
+        c.model_name == trip.model and (c.started_at or 0.0) > trip.tripped_at for c in readable
+    )
+
+
+def _unpaired_state(sidecar: Sidecar) -> SidecarState:
+    return sidecar.state if sidecar.state is not SidecarState.VALID else SidecarState.ANOTHER_RUNS
+
+
+def _view(
+    trip: TripContext | None, candidate: Candidate, trips: list[TripContext], sidecar: Sidecar, default: SidecarState
+) -> SidecarView:
+    if trip is not None:
+        return SidecarView(SidecarState.VALID, trip.path)
+    state = default
+    if state is SidecarState.ANOTHER_RUNS and candidate.run_id is None and _all_predate(trips, candidate):
+        # Results without a run id: records that all predate them are stale, not another run's.
+        state = SidecarState.STALE
+    return SidecarView(state, Path(sidecar.path), sidecar.error)

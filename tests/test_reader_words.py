@@ -1,0 +1,30 @@
+"""The words for a trip come from one function (probe.reader.words.trip_words): today's records
+read as they always have; a record that names its cause is told by that cause."""
+
+from __future__ import annotations
+
+import pytest
+
+from probe.reader.render import pathology_text
+from probe.reader.words import trip_words
+
+# Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
+pytestmark = pytest.mark.release_independent
+
+FOUND = {"pathology": "non_terminating", "observations": 16, "pathological": 16, "finish_reasons": {"length": 16},
+         "max_tokens": [2048], "seconds_since_first_request": None, "short_circuited_requests": 3,
+         "cancelled_in_flight": 0, "model": None, "lm_eval_version": None, "settings_fingerprint": None}  # fmt: skip
+
+
+def test_a_record_without_a_cause_reads_as_before() -> None:
+    words = trip_words(FOUND)
+    assert (words.reason, words.cause) == ("generation pathology: non_terminating", "non-termination: cut short")
+    assert "(non_terminating, the model does not stop). 16 of 16 generations it observed ended at the max_tokens " \
+           "cap (2048) or by repetition" in pathology_text(FOUND)  # fmt: skip
+
+
+def test_a_record_that_names_the_context_window_says_so() -> None:
+    found = {**FOUND, "cause": "context_window"}
+    assert trip_words(found).cause == "context window: cut short"
+    text = pathology_text(found)
+    assert "ended at the context window" in text and "max_tokens cap" not in text and "does not stop" not in text
