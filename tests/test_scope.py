@@ -145,7 +145,7 @@ def test_a_nested_run_activates_the_probe_once_and_runs_the_users_start_up_once(
 
 
 def test_the_chain_knows_the_patchers_end_marker() -> None:
-    assert chain.BLOCK_END == SITECUSTOMIZE.end_line
+    assert SITECUSTOMIZE.end_line == chain.BLOCK_END
 
 
 def test_a_file_with_the_users_code_besides_the_probe_is_never_skipped(tmp_path: Path) -> None:
@@ -196,7 +196,7 @@ def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir
         assert not second.groups.get({"max_tokens": 2048}).tripped
         assert second.lock is not first.lock and second.gates is not first.gates
         assert second.ownership is not first.ownership and second.run_id != first.run_id
-        assert state.SCOPES == [first, second]
+        assert [first, second] == state.SCOPES
     finally:
         install.uninstall()
     assert state.SCOPES == [] and state.ACTIVE is None
