@@ -33,10 +33,11 @@ try:  # a task's YAML as a config, the way each release's own command line loads
 except ImportError:
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    task = load_yaml(sys.argv[1], resolve_func=True)
-else:
-    task = load_yaml_config(sys.argv[1])
+    def load_yaml_config(path):
+        return load_yaml(path, resolve_func=True)
+
 for name, url in (("first", sys.argv[2]), ("second", sys.argv[3])):
+    task = load_yaml_config(sys.argv[1])  # afresh: lm-eval 0.4.9.2 consumes the config it is given
     tracker = EvaluationTracker(output_path=f"{sys.argv[4]}/{name}")
     results = lm_eval.simple_evaluate(
         model="local-completions",

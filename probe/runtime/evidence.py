@@ -153,14 +153,14 @@ class TaskEvidence:
     max_tokens: set = field(default_factory=set)
     groups: set = field(default_factory=set)
 
-    def add(self, choice: Choice, max_tokens: int, counts_for_rule: bool) -> None:
+    def add(self, choice: Choice, max_tokens: int, is_evidence: bool) -> None:
         self.observed += 1
         self.reasons[choice.label] += 1
         if choice.cause:
             self.causes[choice.cause] += 1
         self.empty_answers += choice.empty
         self.stop_at_cap += choice.stop_at_cap
-        self.below_min_max_tokens += not counts_for_rule
+        self.below_min_max_tokens += not is_evidence
         self.max_tokens.add(max_tokens)
 
     def as_dict(self, tripped: bool) -> dict[str, Any]:

@@ -111,7 +111,7 @@ class Probe:
             self.loglikelihood_requests += n
 
     def blanks(self, request: Request, cancelled: bool = False) -> list[str]:
-        """The made-up answers of a short-circuited request (``cancelled`` in flight, or
+        """The blank answers of a short-circuited request (``cancelled`` in flight, or
         never sent), counted in its group and its tasks."""
         with self.lock:
             request.group.short_circuited += 1
