@@ -5,6 +5,8 @@ the simulated server, the probe installed in-process."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,7 +63,9 @@ def test_a_context_window_trip_names_the_window_everywhere(sim, probed, result_d
     what, advice = cause_words(contract.CONTEXT_WINDOW)
     line = capsys.readouterr().err
     said = summary(result_dir, result_dir / "no-report.json")
-    for text in (line, said):
+    read = subprocess.run([sys.executable, "-m", "probe", "read", str(result_dir)], capture_output=True, text=True,
+                          timeout=60).stdout  # fmt: skip
+    for text in (line, said, read):
         assert what in text and advice in text
         assert "max_tokens cap" not in text and "does not stop" not in text
 

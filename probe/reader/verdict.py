@@ -19,7 +19,7 @@ from probe.reader.inferencex import Concurrencies, read_meta_env
 from probe.reader.results import pick_metric
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import Sidecar, read_sidecar
-from probe.runtime.contract import PATHOLOGY
+from probe.runtime.contract import PATHOLOGY, cause_words, main_cause
 
 # A sidecar whose trip predates the start of the run in the results file by more than
 # this is from an earlier run in the same directory (used when the results carry no run id).
@@ -232,12 +232,13 @@ def _pathology(trip: dict | None, final: dict | None, figures: dict | None) -> d
     keys = (
         "pathology", "observations", "pathological", "ratio", "finish_reasons", "repetition", "max_tokens",
         "group", "tasks", "settings", "settings_fingerprint", "tripped_at_iso", "seconds_since_first_request", "pid",
-        "lm_eval_version", "model", "base_url", "run_id", "backend",
+        "lm_eval_version", "model", "base_url", "run_id", "backend", "cause",
     )  # fmt: skip
     found = {k: (trip or {}).get(k) for k in keys}
     if trip is None and figures is not None:  # only the results file's evidence is at hand
         found.update(pathology=PATHOLOGY, observations=figures["observations"], pathological=figures["cut_off"],
-                     finish_reasons=figures.get("finish_reasons"), max_tokens=figures.get("max_tokens"))  # fmt: skip
+                     finish_reasons=figures.get("finish_reasons"), max_tokens=figures.get("max_tokens"),
+                     cause=main_cause(figures.get("causes") or {}))  # fmt: skip
     found["short_circuited_requests"] = final.get("short_circuited_requests") if final else None
     found["cancelled_in_flight"] = final.get("cancelled_in_flight") if final else None
     if found["short_circuited_requests"] is None and figures is not None:
@@ -295,10 +296,11 @@ def _pathology_text(found: dict[str, Any]) -> str:
         f"probe settings {found['settings_fingerprint']}" if found["settings_fingerprint"] else "",
     ]
     context = ", ".join(w for w in where if w)
+    what, advice = cause_words(found.get("cause"))
     return (
-        f"evidence: the probe tripped on a generation pathology ({found['pathology']}, the model does not stop). "
-        f"{found['pathological']} of {found['observations']} generations it observed ended at the max_tokens "
-        f"cap ({caps}) or by repetition (finish reasons: {reasons})"
+        f"evidence: the probe tripped on a generation pathology ({found['pathology']}). "
+        f"{found['pathological']} of {found['observations']} generations it observed {what} "
+        f"(max_tokens {caps}; finish reasons: {reasons}); what to change: {advice}"
         + (f", {when} s after the first request" if when is not None else "")
         + f". {after}"
         + (f" {context[0].upper()}{context[1:]}." if context else "")
