@@ -10,6 +10,15 @@ Every Python process that has the file compiles it from source at start-up, lm-e
 so the modules travel packed (JSON, zlib, base85: about a third of their size, and one
 string token): the stub and the chain stay readable, and ``eval-probe body --sources``
 prints the modules as they run.
+
+The chain (``runtime/chain.py``) goes only into a sitecustomize.py the probe creates itself
+(``eval-probe install`` into an empty directory, ``eval-probe run``): only one
+``sitecustomize`` is ever imported, so a directory put first on PYTHONPATH would otherwise
+disable the user's or the distribution's start-up code. Such a file says so on its second
+line (``chain.MADE_BY_PROBE``), and the chain skips every file that holds nothing but such a
+block: its probe would stand down (the runtime activates once per process) and its chaining
+would never run, so the start-up code below it would be lost; before the skip, two such
+files chained into each other until RecursionError.
 """
 
 from __future__ import annotations

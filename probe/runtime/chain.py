@@ -1,21 +1,13 @@
-"""Runs the sitecustomize.py that the probe's own one shadows.
+"""Runs the sitecustomize.py that the probe's own one shadows, skipping probe-made ones.
 
-Only one ``sitecustomize`` module is ever imported, so a directory put first on
-PYTHONPATH would otherwise silently disable the user's or the distribution's start-up
-code. Injected (and compiled at start-up) only into a sitecustomize.py that the probe
-created itself, by ``eval-probe install`` into an empty directory or ``eval-probe run``,
-whose second line is :data:`MADE_BY_PROBE`. Every such file further down the path (the
-probe's block and nothing else) is skipped: its probe would stand down (one per process)
-and its chaining would never run, so the start-up code below it would be lost; before the
-skip, two such files chained into each other until RecursionError.
+Compiled at start-up in every process, so it stays short; ``probe/inject.py`` says why.
 """
 
 import os
 import sys
 
 MADE_BY_PROBE = "# lm-eval-probe made this file: it runs the probe, then the sitecustomize.py it shadows."
-# patcher.markers.SITECUSTOMIZE.end_line (the runtime cannot import the patcher; a test
-# checks that the two agree).
+# patcher.markers.SITECUSTOMIZE.end_line (a test checks that they agree).
 BLOCK_END = "# <<< lm-eval-probe sitecustomize <<<"
 
 
