@@ -10,6 +10,15 @@ Every Python process that has the file compiles it from source at start-up, lm-e
 so the modules travel packed (JSON, zlib, base85: about a third of their size, and one
 string token): the stub and the chain stay readable, and ``eval-probe body --sources``
 prints the modules as they run.
+
+The chain (``runtime/chain.py``) goes only into a sitecustomize.py the probe creates itself
+(``eval-probe install`` into an empty directory, ``eval-probe run``): only one
+``sitecustomize`` is ever imported, so a directory put first on PYTHONPATH would otherwise
+disable the user's or the distribution's start-up code. Such a file says so on its second
+line (``chain.MADE_BY_PROBE``), and the chain skips every file that holds nothing but such a
+block: its probe would stand down (the runtime activates once per process) and its chaining
+would never run, so the start-up code below it would be lost; before the skip, two such
+files chained into each other until RecursionError.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ from pathlib import Path
 from patcher.markers import SITECUSTOMIZE
 from patcher.payload import Payload
 from probe.runtime.bootstrap import PACKAGE
+from probe.runtime.chain import MADE_BY_PROBE
 from probe.runtime.contract import PROBE_VERSION
+from probe.runtime.integrations import targets
 
 RUNTIME = Path(__file__).resolve().parent / "runtime"
 # Not part of the embedded package: the stub and the chain run on their own, and the
@@ -81,13 +92,16 @@ def sitecustomize_text(chain: bool = False) -> str:
     """The exact block injected into a sitecustomize.py, markers included.
 
     ``chain=True`` is for a sitecustomize.py the probe creates itself (``install`` into an
-    empty directory, ``run``): it then also runs the sitecustomize.py it shadows.
+    empty directory, ``run``): it then also runs the sitecustomize.py it shadows, and says
+    on its second line that the probe made it (``chain.MADE_BY_PROBE``), so that another
+    probe-made file's chaining skips it.
     """
     bootstrap = _literal(_source("bootstrap"), "bootstrap.py")
     chained = _literal(_source("chain"), "chain.py") if chain else '""'
     return (
         f"{SITECUSTOMIZE.begin_line(PROBE_VERSION, body_digest())}\n"
-        "# Installed by lm-eval-probe: ends max-token non-termination inside lm-eval.\n"
+        + (f"{MADE_BY_PROBE}\n" if chain else "")
+        + "# Installed by lm-eval-probe: ends max-token non-termination inside lm-eval.\n"
         "# Disable with HYPERLOOM_EVAL_PROBE=0. Source: probe/runtime/ in lm-eval-probe.\n"
         f"# Runtime modules (packed): {', '.join(embedded_sources())}.\n"
         "def _lm_eval_probe_start(origin):\n"
@@ -96,7 +110,7 @@ def sitecustomize_text(chain: bool = False) -> str:
         f"    chain = {chained}\n"
         '    namespace = {"__name__": "_hyperloom_eval_probe_boot"}\n'
         '    exec(compile(bootstrap, f"{origin} (lm-eval-probe bootstrap)", "exec"), namespace)\n'
-        '    namespace["boot"](modules, origin, chain)\n'
+        f'    namespace["boot"](modules, origin, chain, {targets()!r})\n'
         "\n"
         "\n"
         "try:\n"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -19,8 +18,9 @@ from probe import processgroup
 from probe.inject import sitecustomize_text
 from probe.lmeval_args import output_path_in
 from probe.reader.sidecar import read_sidecar
-from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS
+from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS, cause_words
 from probe.runtime.log import PREFIX
+from probe.runtime.report import read_report
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -155,20 +155,24 @@ def summary(result_dir: Path, report: Path, ended_by: int | None = None, started
     elif sidecar.state == "valid":
         v = sidecar.trip
         cut = sidecar.final.get("short_circuited_requests") if sidecar.final else "?"
+        what, advice = cause_words(v.get("cause"))
         return (
-            f"summary: TRIPPED ({v['pathology']}): {v['pathological']}/{v['observations']} generations hit the "
-            f"max_tokens cap {v['max_tokens']}; {cut} requests short-circuited. Sidecar: {sidecar.path}. "
+            f"summary: TRIPPED ({v['pathology']}): {v['pathological']}/{v['observations']} generations {what} "
+            f"(max_tokens {v['max_tokens']}); {cut} requests short-circuited; what to change: {advice}. "
+            f"Sidecar: {sidecar.path}. "
             + (f"Then {signalled}. " if signalled else "")
             + f"Next: eval-probe read {result_dir}"
         )
     try:
-        observed = json.loads(report.read_text(encoding="utf-8"))
-        groups = observed["groups"]
+        evaluations = read_report(str(report))
+        groups = [g for e in evaluations for g in e["groups"]]
         seen = sum(g["observations"] for g in groups)
         bad = sum(g["pathological"] for g in groups)
-        worst = max(((t, f["cut_off_rate"]) for t, f in observed["tasks"].items() if f["cut_off_rate"]),
+        worst = max(((t, f["cut_off_rate"]) for e in evaluations for t, f in e["tasks"].items() if f["cut_off_rate"]),
                     key=lambda found: found[1], default=None)  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
+        evaluations = []
+    if not evaluations:
         if signalled:
             # The probe reports when Python exits normally; a signal stops that, so nothing else is known.
             return f"summary: {signalled}; no sidecar of this run in {result_dir}, so the probe had not tripped by then"
@@ -178,8 +182,8 @@ def summary(result_dir: Path, report: Path, ended_by: int | None = None, started
         )
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
     return (
-        f"summary: the probe did not trip: {bad} of {seen} generations observed ended at the cap, "
-        f"in {len(groups)} group(s) of generation settings{highest}{other}"
+        f"summary: the probe did not trip: {bad} of {seen} generations observed were cut off, "
+        f"in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
         + (f"; then {signalled}" if signalled else "")
     )
 

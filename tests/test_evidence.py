@@ -95,6 +95,7 @@ def test_tally_counts_histogram_and_caps() -> None:
         "pathological": 3,
         "ratio": 0.75,
         "finish_reasons": {"length": 2, "repetition": 1, "stop": 1},
+        "causes": dict.fromkeys(contract.CAUSES, 0),  # labels alone tell no cause
         "repetition": 1,
         "max_tokens": [2048, 4096],
     }
@@ -193,7 +194,7 @@ def test_sidecar_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     ],
 )
 def test_untested_lm_eval_releases_are_warned_about(found: str, warned: bool) -> None:
-    warning = versions.untested_warning(found)
+    warning = versions.LM_EVAL.warning(found)
     assert (warning is not None) is warned
     if warned:
         assert found in warning and "0.4.9.2 to 0.4.13" in warning

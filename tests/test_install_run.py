@@ -141,7 +141,8 @@ def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_
     server = sim("healthy")
     run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", tmp_path / "out", 2048, 8))
     assert run.returncode == 0
-    assert "the probe did not trip: 0 of 40 generations observed ended at the cap" in run.stderr
+    assert "the probe did not trip: 0 of 40 generations observed were cut off" in run.stderr
+    assert "of 1 evaluation(s)" in run.stderr
 
 
 def test_run_never_reports_a_leftover_sidecar_as_this_runs_trip(sim, local_task, tmp_path: Path) -> None:
@@ -265,7 +266,7 @@ def test_report_knob_lists_every_group(tmp_path: Path, sim) -> None:
     env = offline_env(site, HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
     run = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    observed = json.loads(report.read_text())
+    (observed,) = json.loads(report.read_text())["evaluations"]
     assert [(g["observations"], g["pathological"], g["tripped"]) for g in observed["groups"]] == [(20, 0, False)]
 
 

@@ -27,4 +27,5 @@ def test_a_record_that_names_the_context_window_says_so() -> None:
     found = {**FOUND, "cause": "context_window"}
     assert trip_words(found).cause == "context window: cut short"
     text = pathology_text(found)
-    assert "ended at the context window" in text and "max_tokens cap" not in text and "does not stop" not in text
+    assert "ran out of the server's context window" in text and "what to change:" in text and "max_model_len" in text
+    assert "max_tokens cap" not in text and "does not stop" not in text

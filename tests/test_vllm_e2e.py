@@ -85,6 +85,6 @@ def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path)
 def test_stopping_model_does_not_trip_and_answers_as_unprobed(stops, task, tmp_path) -> None:
     evaluate(stops, task, tmp_path / "plain", probed=False)
     run, _ = evaluate(stops, task, tmp_path / "probed", probed=True)
-    assert "the probe did not trip: 0 of 64 generations observed ended at the cap" in run.stderr
+    assert "the probe did not trip: 0 of 64 generations observed were cut off" in run.stderr
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
     assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS

@@ -90,7 +90,7 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(models, t
 def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, task, tmp_path) -> None:
     _, unprobed = evaluate(models / "stops", task, tmp_path / "plain", probed=False)
     run, probed = evaluate(models / "stops", task, tmp_path / "probed", probed=True)
-    assert f"the probe did not trip: 0 of {DOCS} generations observed ended at the cap" in run.stderr
+    assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
     assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
     assert probed["generation_tokens"] == unprobed["generation_tokens"]

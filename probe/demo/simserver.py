@@ -10,6 +10,8 @@ behaves like a chosen kind of model:
 - ``mixed``: a chosen fraction of prompts (picked by a hash of the prompt) runs to the cap;
 - ``repetition``: vLLM's repetition detector ends every generation (``repetition``);
 - ``window``: every generation hits the context window (``length`` below ``max_tokens``);
+- ``hidden_cap``: every generation runs to ``max_tokens`` but is reported as ``stop`` (a
+  server that hides the cap; ``usage.completion_tokens`` still tells);
 - ``reasoning``: every generation spends the budget reasoning (``length``; chat content
   null, ``reasoning_content`` set; completions text empty);
 - ``empty``: the model stops at once with nothing to say (``stop``, empty or null content);
@@ -38,7 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
-MODES = ("never_stop", "healthy", "mixed", "repetition", "window", "reasoning", "empty", "malformed")
+MODES = ("never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed")
 # Length profiles of a stopping answer: (median tokens, sigma of the log), None for "short".
 # Log-normal, because answer lengths are: a long right tail, never below one token.
 LENGTHS: dict[str, tuple[float, float] | None] = {"short": None, "lognormal": (300, 0.6), "reasoning": (3000, 0.5)}
@@ -263,6 +265,8 @@ class SimServer:
             return " and" * tokens, tokens, "length"
         if self.mode == "empty":
             return "", 1, "stop"
+        if self.mode == "hidden_cap":
+            return " and" * max_tokens, max_tokens, "stop"
         if self.mode == "healthy" or (self.mode == "mixed" and not _at_cap(prompt, self.cap_fraction)):
             answer = healthy_answer(prompt)
             tokens = answer_tokens(prompt, self.lengths, answer)

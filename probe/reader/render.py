@@ -72,6 +72,7 @@ def pathology_text(found: dict[str, Any]) -> str:
         f"evidence: the probe tripped on a generation pathology ({found['pathology']}, {words.finding}). "
         f"{found['pathological']} of {found['observations']} generations it observed "
         f"{words.ended.format(caps=caps)} (finish reasons: {reasons})"
+        + (f"; what to change: {words.advice}" if words.advice else "")
         + (f", {when} s after the first request" if when is not None else "")
         + f". {after}"
         + (f" {context[0].upper()}{context[1:]}." if context else "")

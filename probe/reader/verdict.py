@@ -25,7 +25,7 @@ from probe.reader.results import pick_metric
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import Sidecar, read_trip_records
 from probe.reader.words import trip_words
-from probe.runtime.contract import PATHOLOGY, SIDECAR_NAME
+from probe.runtime.contract import PATHOLOGY, SIDECAR_NAME, main_cause
 from probe.runtime.evidence import is_pathological
 
 _NO_RESULTS = "(lm-eval's results_<time>.json, or InferenceX's results_<time>_conc<N>.json)"
@@ -346,7 +346,7 @@ def _pathology(trip: TripContext | None, figures: dict | None) -> dict[str, Any]
     keys = (
         "pathology", "observations", "pathological", "ratio", "finish_reasons", "repetition", "max_tokens",
         "group", "tasks", "settings", "settings_fingerprint", "tripped_at_iso", "seconds_since_first_request", "pid",
-        "lm_eval_version", "model", "base_url", "run_id", "backend",
+        "lm_eval_version", "model", "base_url", "run_id", "backend", "cause",
     )  # fmt: skip
     record = trip.record if trip else {}
     found = {k: record.get(k) for k in keys}
@@ -354,7 +354,8 @@ def _pathology(trip: TripContext | None, figures: dict | None) -> dict[str, Any]
         reasons = figures.get("finish_reasons") or {}
         found.update(pathology=PATHOLOGY, observations=figures["observations"],
                      pathological=sum(n for label, n in reasons.items() if is_pathological(label)),
-                     finish_reasons=reasons, max_tokens=figures.get("max_tokens"))  # fmt: skip
+                     finish_reasons=reasons, max_tokens=figures.get("max_tokens"),
+                     cause=main_cause(figures.get("causes") or {}))  # fmt: skip
     final = trip.final if trip else None
     found["short_circuited_requests"] = final.get("short_circuited_requests") if final else None
     found["cancelled_in_flight"] = final.get("cancelled_in_flight") if final else None

@@ -12,32 +12,35 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.reader.evidence import CAUSE_WORDS
-from probe.runtime.contract import PATHOLOGY
+from probe.runtime.contract import PATHOLOGY, cause_words
 
 
 @dataclass(frozen=True)
 class TripWords:
     """What a verdict says of a trip: ``reason`` (the start of the verdict's reason),
-    ``cause`` (the table's cause cell), ``finding`` (what the model did) and ``ended``
-    (how the generations it observed ended, with ``{caps}`` for the caps seen)."""
+    ``cause`` (the table's cause cell), ``finding`` (what the model did), ``ended`` (how the
+    generations it observed ended, with ``{caps}`` for the caps seen) and ``advice`` (what
+    to change; None for a record that names no cause)."""
 
     reason: str
     cause: str
     finding: str
     ended: str
+    advice: str | None = None
 
 
 def trip_words(record: Mapping[str, Any] | None) -> TripWords:
     """The words for ``record`` (a trip record, or None when only a results file's evidence
-    is at hand): its ``pathology`` and, when the record names one, its ``cause``."""
+    is at hand): its ``pathology`` and, when the record names one, its ``cause``, in the
+    words of the runtime's glossary (``probe.runtime.contract.cause_words``)."""
     pathology = (record or {}).get("pathology") or PATHOLOGY
     cause = (record or {}).get("cause")
-    named = CAUSE_WORDS.get(cause) if isinstance(cause, str) else None
-    ended = f"ended at the {named}" + (" ({caps})" if cause == "output_cap" else "") if named else (
-        "ended at the max_tokens cap ({caps}) or by repetition")  # fmt: skip
+    reason = f"generation pathology: {pathology}"
+    if not isinstance(cause, str) or cause not in CAUSE_WORDS:
+        # Records written before trips named their cause read as they always have.
+        return TripWords(reason, "non-termination: cut short", "the model does not stop",
+                         "ended at the max_tokens cap ({caps}) or by repetition")  # fmt: skip
+    what, advice = cause_words(cause)
     return TripWords(
-        reason=f"generation pathology: {pathology}",
-        cause="non-termination: cut short" if named is None else f"{named}: cut short",
-        finding="the model does not stop" if named is None else f"generations ran to the {named}",
-        ended=ended,
+        reason, f"{CAUSE_WORDS[cause]}: cut short", f"generations {what}", what + " (max_tokens {caps})", advice
     )

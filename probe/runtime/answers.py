@@ -1,5 +1,5 @@
-"""The answers the probe makes up: typed, so that no cache and no reader mistakes them for
-a model's."""
+"""The blank answers the probe makes up (see the glossary in ``contract``): typed, so that no
+cache and no reader mistakes them for a model's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ BLANK = ShortCircuitAnswer("")
 
 
 def blanks(n: int) -> list[str]:
-    """``n`` made-up empty answers."""
+    """``n`` blank answers."""
     return [BLANK] * n
 
 

@@ -19,7 +19,9 @@ from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
 from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
-from probe.runtime.patching import MARKER, is_ours, mark, replace, wrap
+from probe.runtime.integration import Integration
+from probe.runtime.patching import MARKER, is_ours, mark, replace, restore_where, wrap
+from probe.runtime.versions import LM_EVAL
 
 # The request a running call belongs to. Kept in a context variable, never on the model
 # object: dozens of calls run on the same model at once under num_concurrent > 1.
@@ -247,8 +249,27 @@ def is_installed(api_models: Any) -> bool:
     return is_ours(api_models.TemplateAPI.__dict__.get("amodel_call"))
 
 
+_PATCHED = ("generate_until", "amodel_call", "model_call")
+
+
 def install_api(api_models: Any) -> None:
     """Patch ``TemplateAPI``'s two request paths, and learn each prompt's task (idempotent)."""
     wrap(api_models.TemplateAPI, "generate_until", _registering_generate_until)
     wrap(api_models.TemplateAPI, "amodel_call", _probed_amodel_call)
     wrap(api_models.TemplateAPI, "model_call", _probed_model_call)
+
+
+def uninstall_api(api_models: Any) -> None:
+    """Restore ``TemplateAPI``'s request paths and every parser made to observe."""
+    template = api_models.TemplateAPI
+    restore_where(lambda owner, name: (owner is template and name in _PATCHED) or name == "parse_generations")
+
+
+INTEGRATION = Integration(
+    waits_for="lm_eval.models.api_models",
+    install=install_api,
+    uninstall=uninstall_api,
+    is_installed=is_installed,
+    tested=LM_EVAL,
+    unprobed="lm-eval's API models",
+)

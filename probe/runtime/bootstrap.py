@@ -2,8 +2,10 @@
 
 Every such process compiles it from source (InferenceX sets PYTHONDONTWRITEBYTECODE=1),
 and compiling costs about 0.3 ms per kilobyte of code here, so it stays this small. It
-only registers a finder that waits for lm-eval's API module and its in-process vLLM module
-(``--model vllm``; lm-eval 0.4.13 imports model modules lazily, so either may come alone);
+only registers a finder that waits for the modules the integrations hook (the list is
+``integrations.INTEGRATIONS``, handed over by ``inject`` as ``targets``: lm-eval's evaluator,
+its API module and its in-process vLLM module; 0.4.13 imports model modules lazily, so any
+may come alone);
 the runtime's modules (handed over packed: their sources as JSON, compressed, in base85, so
 that the file to compile stays small) are unpacked and compiled when the first of them is
 imported, as the private package ``_hyperloom_eval_probe``, and install themselves right
@@ -13,8 +15,6 @@ after that module has run.
 import sys
 
 PACKAGE = "_hyperloom_eval_probe"
-# The runtime's install.INSTALLERS says what installs on each.
-TARGETS = ("lm_eval.models.api_models", "lm_eval.models.vllm_causallms")
 
 
 class EmbeddedRuntime:
@@ -64,7 +64,7 @@ def load_runtime(packed: str, origin: str) -> object:
 
 
 class WaitForLmEval:
-    """A meta-path finder that hands the import of each of TARGETS over to the runtime, once."""
+    """A meta-path finder that hands the import of each target module over to the runtime, once."""
 
     def __init__(self, packed: str, origin: str, waiting: list) -> None:
         self.packed = packed
@@ -81,24 +81,26 @@ class WaitForLmEval:
         return runtime.installing_spec(fullname, path, target) if runtime else None
 
 
-def boot(packed: str, origin: str, chain_source: str = "") -> None:
-    """Arrange for the runtime to install; acts at most once per process.
+def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) -> None:
+    """Arrange for the runtime to install on ``targets`` (module names); acts at most once per
+    process.
 
     ``chain_source`` (``probe/runtime/chain.py``) is given only by a sitecustomize.py the
-    probe created itself, which must also run the one it shadows.
+    probe created itself, which must also run the one it shadows. The once-flag is set
+    before chaining, so a probe block in the chained file stands down: this one installs.
     """
+    if getattr(sys, "_lm_eval_probe_booted", False):
+        return  # installed twice (appended twice, chained, or loaded two ways): act once
+    sys._lm_eval_probe_booted = True
     if chain_source:
         chain = {"__name__": "_hyperloom_eval_probe_chain"}
         exec(compile(chain_source, f"{origin} (lm-eval-probe chain)", "exec"), chain)
         chain["chain_next_sitecustomize"](origin)
-    if getattr(sys, "_lm_eval_probe_booted", False):
-        return  # installed twice (appended twice, or loaded two ways): act once
-    sys._lm_eval_probe_booted = True
-    waiting = [name for name in TARGETS if name not in sys.modules]
+    waiting = [name for name in targets if name not in sys.modules]
     if waiting:
         sys.meta_path.insert(0, WaitForLmEval(packed, origin, waiting))
-    if len(waiting) < len(TARGETS):
+    if len(waiting) < len(targets):
         runtime = load_runtime(packed, origin)
-        for name in TARGETS:
+        for name in targets:
             if runtime and name not in waiting:
                 runtime.install_module(sys.modules[name])

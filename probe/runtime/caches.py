@@ -1,4 +1,4 @@
-"""Keeping made-up answers out of lm-eval's two cache layers.
+"""Keeping blank answers out of lm-eval's two cache layers.
 
 ``CacheHook.add_partial`` is fed inside the request paths; ``CachingLM`` writes every result
 ``generate_until`` returns into SQLite. An answer stored in either is replayed as model
@@ -17,14 +17,14 @@ from probe.runtime.patching import mark, wrap
 def _guarded_add_partial(original: Callable) -> Callable:
     def add_partial(self: Any, attr: str, req: Any, res: Any) -> Any:
         if isinstance(res, ShortCircuitAnswer):
-            return None  # a made-up answer must never be replayed as model output
+            return None  # a blank answer must never be replayed as model output
         return original(self, attr, req, res)
 
     return mark(add_partial, original)
 
 
 class CacheGuard:
-    """Wraps CachingLM's SQLite dict so that made-up answers are never stored in it."""
+    """Wraps CachingLM's SQLite dict so that blank answers are never stored in it."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner

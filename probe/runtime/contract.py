@@ -48,8 +48,86 @@ RATIO_RANGE = (0.5, 1.0)
 _INTEGER = re.compile(r"\s*\+?[0-9]+\s*")
 _DECIMAL = re.compile(r"\s*\+?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
 _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
-# The lm-eval releases the test suite runs against; others get one warning, and run probed.
-TESTED_LM_EVAL = ((0, 4, 9, 2), (0, 4, 13))
+
+# ---------------------------------------------------------------------------------------
+# Glossary: one word per concept, written once here and used by the runtime, the reader and
+# every text they print.
+#
+# - observation: one generation whose ending the probe saw (a choice of a response).
+# - evidence: an observation that counts for the rule: its request's max_tokens is at least
+#   HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (``Request.is_evidence``). The others are counted
+#   apart, as ``below_min_max_tokens``, and never judged.
+# - cut off: a generation that ended without the model choosing to stop; its *cause* is one
+#   of CAUSES below. The rule counts every cause in RULE_CAUSES ("pathological" in the trip
+#   record's figures); an abort is the server's doing, so it is filed but never counted.
+# - cap rate: cut off / observations, per task (``cut_off_rate`` in the evidence).
+# - blank: the empty answer the probe makes up (``answers.BLANK``, typed so that no cache
+#   stores it). A request answered blank is *short-circuited*: never sent, or *cancelled in
+#   flight* (sent, then cancelled by the trip). A task some of whose requests were answered
+#   blank was *cut short*.
+# - trip: the rule fired and this evaluation's sidecar holds the trip record; a *failed
+#   trip* (``Group.trip_failed``) fired but could not write it, so its group runs unprobed.
+# - evaluation: one ``simple_evaluate`` call, the probe's scope (``state.Probe``): its own
+#   groups, evidence, run identity, sidecar and gates.
+# ---------------------------------------------------------------------------------------
+
+# The causes of a cut-off generation, as the evidence files them.
+OUTPUT_CAP = "output_cap"  # ran to max_tokens: `length` at completion_tokens >= max_tokens,
+# or `stop` there (a server that hides the cap reports the budget's end as a stop)
+CONTEXT_WINDOW = "context_window"  # `length` below max_tokens: the server's context window
+LENGTH = "length"  # `length` where the token count cannot be told (several prompts per request)
+REPETITION = "repetition"  # vLLM's repetition detector ended it
+REASONING = "reasoning"  # at a cap with an empty answer while reasoning text is present
+ABORTED = "aborted"  # the server ended it: an abort reason below
+CAUSES = (OUTPUT_CAP, CONTEXT_WINDOW, LENGTH, REPETITION, REASONING, ABORTED)
+RULE_CAUSES = (OUTPUT_CAP, CONTEXT_WINDOW, LENGTH, REPETITION, REASONING)
+# finish_reason values by which a server gives up on a request (SGLang's abort, vLLM's
+# error, TensorRT-LLM's timeout and cancelled): they say nothing of whether the model stops.
+ABORT_REASONS = ("abort", "error", "timeout", "cancelled")
+
+# What each cause means, in words, and what to change: the one place every text takes them
+# from (the trip's stderr line, ``eval-probe run``'s summary, the reader's verdict).
+_CAUSE_WORDS: dict[str, tuple[str, str]] = {
+    OUTPUT_CAP: (
+        "ran to the max_tokens cap",
+        "the model does not stop: check its chat template, its EOS token and its weights (quantisation); "
+        "raise max_tokens only if its answers are legitimately that long",
+    ),
+    CONTEXT_WINDOW: (
+        "ran out of the server's context window before reaching max_tokens",
+        "prompt plus max_tokens do not fit the server's context window (vLLM's max_model_len): raise the "
+        "window, or lower max_tokens",
+    ),
+    LENGTH: (
+        "ended at a length limit (max_tokens or the context window: batched requests do not say which)",
+        "compare max_tokens with the server's context window, and check that the model stops",
+    ),
+    REPETITION: (
+        "were ended by the server's repetition detector",
+        "the model loops: check its chat template, its sampling settings and its weights",
+    ),
+    REASONING: (
+        "spent the whole budget reasoning, with no answer",
+        "raise max_tokens so that the reasoning can finish, or lower the reasoning effort",
+    ),
+    ABORTED: (
+        "were aborted by the server",
+        "read the server's log: an abort says nothing about the model",
+    ),
+}
+
+
+def cause_words(cause: str | None) -> tuple[str, str]:
+    """(what happened, what to change) for a cause of CAUSES; a neutral pair for any other."""
+    return _CAUSE_WORDS.get(cause or "", ("ended without the model choosing to stop", "check that the model stops"))
+
+
+def main_cause(causes: Mapping[str, Any]) -> str | None:
+    """The cause the rule counted most often in ``causes`` ({cause: count}); ties go to the
+    earlier one in RULE_CAUSES; None when none was counted."""
+    counted = [(causes.get(c), -i, c) for i, c in enumerate(RULE_CAUSES)]
+    best = max(((n, order, c) for n, order, c in counted if isinstance(n, int) and n > 0), default=None)
+    return best[2] if best else None
 
 
 @dataclass(frozen=True)
@@ -204,27 +282,3 @@ def sidecar_path(environ: Mapping[str, str] | None = None) -> str:
         if env.get(name):
             return os.path.join(env[name], SIDECAR_NAME)
     return os.path.join(os.getcwd(), SIDECAR_NAME)
-
-
-def version_tuple(text: str) -> tuple[int, ...] | None:
-    """``"0.4.9.2"`` as ``(0, 4, 9, 2)``; None when it does not start with a number."""
-    parts = []
-    for piece in text.split("."):
-        digits = ""
-        for char in piece:
-            if not ("0" <= char <= "9"):
-                break
-            digits += char
-        if not digits:
-            break
-        parts.append(int(digits))
-        if len(digits) != len(piece):
-            break
-    return tuple(parts) or None
-
-
-def is_tested_lm_eval(version: str) -> bool:
-    """Whether ``version`` lies in the range of lm-eval releases the suite runs against."""
-    found = version_tuple(version)
-    low, high = TESTED_LM_EVAL
-    return found is not None and low <= found and found[:3] <= high

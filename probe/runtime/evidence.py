@@ -8,24 +8,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from probe.runtime.contract import Settings
+from probe.runtime.contract import (
+    ABORT_REASONS,
+    ABORTED,
+    CAUSES,
+    CONTEXT_WINDOW,
+    LENGTH,
+    OUTPUT_CAP,
+    REASONING,
+    REPETITION,
+    Settings,
+)
 from probe.runtime.rule import rule_fires
 
 # finish_reason values that mean "the model did not choose to stop".
 PATHOLOGICAL_REASONS = ("length", "repetition")
 USAGE_AT_CAP = "usage_at_cap"
 USAGE_BELOW_CAP = "usage_below_cap"
-
-
-# Why a generation ended without the model choosing to stop (kept apart in the evidence).
-OUTPUT_CAP = "output_cap"  # `length` with completion_tokens >= max_tokens
-CONTEXT_WINDOW = "context_window"  # `length` with fewer tokens: vLLM's max_model_len
-LENGTH = "length"  # `length` where the token count cannot be told (several prompts per request)
-REPETITION = "repetition"  # vLLM's repetition detector
-REASONING = "reasoning"  # at a cap with an empty answer while reasoning text is present
-ABORTED = "aborted"  # the server ended it: SGLang's abort, vLLM's error, TRT-LLM's timeout or cancelled
-CAUSES = (OUTPUT_CAP, CONTEXT_WINDOW, LENGTH, REPETITION, REASONING, ABORTED)
-_ABORT_REASONS = ("abort", "error", "timeout", "cancelled")
 # A finish_reason becomes a key in the evidence that lm-eval's results file carries: one a
 # server made up (a comma, a key a results reader looks for) is filed under OTHER_REASON.
 _REASON = re.compile(r"[a-z][a-z_]{0,31}")
@@ -41,6 +40,18 @@ class Choice:
     label: str
     cause: str | None
     empty: bool
+
+    @property
+    def stop_at_cap(self) -> bool:
+        """A ``stop`` reported at ``completion_tokens >= max_tokens``: a server that hides the
+        cap (it reports the budget's end as a stop). Filed as cut off at the output cap."""
+        return self.label == "stop" and self.cause == OUTPUT_CAP
+
+    @property
+    def rule_label(self) -> str:
+        """The label the rule and the gate judge: the server's, except that a stop at the cap
+        is judged as an answer at the cap (``usage_at_cap``)."""
+        return USAGE_AT_CAP if self.stop_at_cap else self.label
 
 
 def describe_choices(response: Any, max_tokens: int) -> list[Choice]:
@@ -104,8 +115,12 @@ def _texts(choice: Mapping[str, Any]) -> tuple[str, str]:
 def _cause(label: str, tokens: int | None, max_tokens: int, answer: str, reasoning: str) -> str | None:
     if label == REPETITION:
         return REPETITION
-    if label in _ABORT_REASONS:
+    if label in ABORT_REASONS:
         return ABORTED
+    if label == "stop":
+        # Some servers report the budget's end as a stop (NeMo Evaluator relabels these, PR
+        # #1087); the token count tells. Only where it is this generation's own count.
+        return OUTPUT_CAP if tokens is not None and max_tokens > 0 and tokens >= max_tokens else None
     if label not in ("length", USAGE_AT_CAP):
         return None
     if not answer.strip() and reasoning.strip():
@@ -131,19 +146,21 @@ class TaskEvidence:
     reasons: Counter = field(default_factory=Counter)
     causes: Counter = field(default_factory=Counter)
     empty_answers: int = 0
+    stop_at_cap: int = 0  # reported as a stop, at completion_tokens >= max_tokens (see Choice)
     short_circuited: int = 0  # answered blank by the probe, never sent
     cancelled: int = 0  # cancelled in flight by the probe, answered blank
     below_min_max_tokens: int = 0  # observed, but under the budget that counts for the rule
     max_tokens: set = field(default_factory=set)
     groups: set = field(default_factory=set)
 
-    def add(self, choice: Choice, max_tokens: int, counts_for_rule: bool) -> None:
+    def add(self, choice: Choice, max_tokens: int, is_evidence: bool) -> None:
         self.observed += 1
         self.reasons[choice.label] += 1
         if choice.cause:
             self.causes[choice.cause] += 1
         self.empty_answers += choice.empty
-        self.below_min_max_tokens += not counts_for_rule
+        self.stop_at_cap += choice.stop_at_cap
+        self.below_min_max_tokens += not is_evidence
         self.max_tokens.add(max_tokens)
 
     def as_dict(self, tripped: bool) -> dict[str, Any]:
@@ -156,6 +173,7 @@ class TaskEvidence:
             "cut_off_rate": round(cut_off / self.observed, 6) if self.observed else None,
             "causes": {cause: self.causes.get(cause, 0) for cause in CAUSES},
             "empty_answers": self.empty_answers,
+            "stop_at_cap": self.stop_at_cap,
             "short_circuited": self.short_circuited,
             "cancelled_in_flight": self.cancelled,
             "below_min_max_tokens": self.below_min_max_tokens,
@@ -166,19 +184,26 @@ class TaskEvidence:
 
 @dataclass
 class Tally:
-    """Evidence gathered for one group of generation requests."""
+    """Evidence gathered for one group of generation requests: what the rule judges."""
 
     observed: int = 0
-    pathological: int = 0
+    pathological: int = 0  # cut off, for a cause the rule counts
     reasons: Counter = field(default_factory=Counter)
+    causes: Counter = field(default_factory=Counter)
     max_tokens: set = field(default_factory=set)
 
     def add(self, labels: list[str], max_tokens: int) -> None:
-        for label in labels:
+        """Count generations known by their labels only (no cause)."""
+        self.add_choices([Choice(i, label, None, False) for i, label in enumerate(labels)], max_tokens)
+
+    def add_choices(self, choices: list[Choice], max_tokens: int) -> None:
+        for choice in choices:
             self.observed += 1
-            self.pathological += is_pathological(label)
-            self.reasons[label] += 1
-        if labels:
+            self.pathological += is_pathological(choice.rule_label)
+            self.reasons[choice.label] += 1
+            if choice.cause:
+                self.causes[choice.cause] += 1
+        if choices:
             self.max_tokens.add(max_tokens)
 
     def fires(self, settings: Settings) -> bool:
@@ -190,6 +215,7 @@ class Tally:
             "pathological": self.pathological,
             "ratio": round(self.pathological / self.observed, 6) if self.observed else None,
             "finish_reasons": dict(sorted(self.reasons.items())),
+            "causes": {cause: self.causes.get(cause, 0) for cause in CAUSES},
             "repetition": self.reasons.get("repetition", 0),
             "max_tokens": sorted(self.max_tokens),
         }

@@ -4,7 +4,6 @@ settings (``gen_kwargs``: in practice, each task) as one batch, and a trip ends 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,25 +39,30 @@ class Group:
 
 @dataclass
 class Request:
-    """One generate request seen by the probe (never stored on the shared model object)."""
+    """One generate request seen by the probe: what it needs, never the shared model object."""
 
     group: Group
-    lm: Any
-    tasks: list[str | None]  # one per prompt, in order
+    prompts: list[Any]  # as lm-eval passes them, one per answer
     max_tokens: int
-    is_evidence: bool
+    is_evidence: bool  # its observations count for the rule (see the glossary in contract)
+    model: str | None = None  # the served model's name, for the trip record
+    base_url: str | None = None  # the server's address, credentials removed
+    backend: str = "api"  # which of lm-eval's backends made it: "api" or "vllm" (in-process)
+    # The task of each prompt, in order: known at once by a backend that can tell, else taken
+    # from the evaluation's task book when first needed (see TaskBook.take).
+    tasks: list[str | None] | None = None
     observed: bool = False
     cancelled_by_probe: bool = False
-    backend: str = "api"  # which of lm-eval's backends made it: "api" or "vllm" (in-process)
     # What its response said, once observed (None: never observed); the gate learns from it.
     labels: list[str] | None = None
 
     @property
     def n_answers(self) -> int:
-        return len(self.tasks)
+        return len(self.prompts)
 
     def task_of_choice(self, index: int) -> str | None:
-        return self.tasks[index] if 0 <= index < len(self.tasks) else None
+        tasks = self.tasks or []
+        return tasks[index] if 0 <= index < len(tasks) else None
 
 
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
@@ -68,10 +72,9 @@ def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
 
 
 class Groups:
-    """Every group this process has seen, in order of first appearance."""
+    """Every group of one evaluation, in order of first appearance (guarded by its probe's lock)."""
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()
         self._by_key: dict[str, Group] = {}
         self.first_request_at: float | None = None
 
@@ -81,10 +84,9 @@ class Groups:
     def get(self, gen_kwargs: Any) -> Group:
         """The group of ``gen_kwargs``, made on first sight."""
         key, settings = group_key(gen_kwargs)
-        with self.lock:
-            if self.first_request_at is None:
-                self.first_request_at = time.time()
-            group = self._by_key.get(key)
-            if group is None:
-                group = self._by_key[key] = Group(key, settings)
-            return group
+        if self.first_request_at is None:
+            self.first_request_at = time.time()
+        group = self._by_key.get(key)
+        if group is None:
+            group = self._by_key[key] = Group(key, settings)
+        return group

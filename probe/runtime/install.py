@@ -1,98 +1,87 @@
 """Installing the runtime into lm-eval, and taking it out again.
 
-The start-up stub (``bootstrap``) calls :func:`installing_spec` when lm-eval's API module or
-its vLLM module is first imported, or :func:`install_module` at once when it already is. All
-are idempotent and never raise: an error is reported once and lm-eval runs unprobed.
+What installs where comes from one list, ``integrations.INTEGRATIONS``. The start-up stub
+(``bootstrap``) calls :func:`installing_spec` when one of their modules is first imported, or
+:func:`install_module` at once when it already is. All are idempotent and never raise: an
+error is reported once and that integration's part of lm-eval runs unprobed.
 """
 
 from __future__ import annotations
 
 import atexit
 import importlib
-import os
 import sys
 from typing import Any
 
 from probe.runtime import state
-from probe.runtime.api import install_api, is_installed
 from probe.runtime.caches import guard_caches
-from probe.runtime.contract import ENV_REPORT, read_settings
-from probe.runtime.log import say
+from probe.runtime.contract import read_settings
+from probe.runtime.integration import Integration
+from probe.runtime.integrations import integration_for
+from probe.runtime.log import forget_said, say, say_once
 from probe.runtime.patching import restore_all
+from probe.runtime.report import write_report_at_exit
 from probe.runtime.results import carry_evidence
-from probe.runtime.sidecar import write_json_atomic
-from probe.runtime.versions import lm_eval_version, untested_warning
-from probe.runtime.vllm_offline import install_vllm as install_offline_vllm
-from probe.runtime.vllm_offline import is_installed as is_vllm_installed
+from probe.runtime.versions import lm_eval_version
+
+
+def install_integration(integration: Integration, module: Any = None) -> bool:
+    """Activate the probe and install ``integration`` on its module (imported by name when
+    not given); True when it is probed afterwards. A failure is reported once and leaves the
+    other integrations as they are: only this one's part runs unprobed."""
+    try:
+        if not _activate(integration):
+            return False
+        if module is None:
+            module = importlib.import_module(integration.waits_for)
+        if not integration.is_installed(module):
+            integration.install(module)
+        return True
+    except Exception as error:
+        say(f"could not install on {integration.waits_for} ({error!r}); {integration.unprobed} run(s) unprobed")
+        if module is not None:
+            try:
+                integration.uninstall(module)
+            except Exception as undo:
+                say(f"could not undo the partial install on {integration.waits_for}: {undo!r}")
+        return False
 
 
 def install(api_models: Any = None) -> bool:
     """Patch lm-eval's API models; True when the probe is active afterwards."""
-    try:
-        return _install_backend(api_models, "lm_eval.models.api_models", is_installed, install_api)
-    except Exception as error:
-        say(f"could not install ({error!r}); lm-eval runs unprobed")
-        uninstall()
-        return False
+    return install_integration(integration_for("lm_eval.models.api_models"), api_models)
 
 
 def install_vllm(vllm_causallms: Any = None) -> bool:
-    """Patch lm-eval's in-process vLLM backend (``--model vllm``); True when it is probed.
-
-    A failure here is reported once and leaves the API models' patches as they are: only
-    this backend runs unprobed.
-    """
-    try:
-        return _install_backend(vllm_causallms, "lm_eval.models.vllm_causallms", is_vllm_installed,
-                                install_offline_vllm)  # fmt: skip
-    except Exception as error:
-        say(f"could not install on lm-eval's vLLM backend ({error!r}); it runs unprobed")
-        return False
-
-
-def _install_backend(module: Any, name: str, installed: Any, patch: Any) -> bool:
-    """Activate the probe and patch one backend's module (imported by ``name`` when not given)."""
-    if not _activate():
-        return False
-    if module is None:
-        module = importlib.import_module(name)
-    if not installed(module):
-        patch(module)
-    return True
-
-
-# What the start-up stub waits for (bootstrap.TARGETS), and what installs on each.
-INSTALLERS = {"lm_eval.models.api_models": install, "lm_eval.models.vllm_causallms": install_vllm}
+    """Patch lm-eval's in-process vLLM backend (``--model vllm``); True when it is probed."""
+    return install_integration(integration_for("lm_eval.models.vllm_causallms"), vllm_causallms)
 
 
 def install_module(module: Any) -> bool:
-    """Install on one of the modules in :data:`INSTALLERS`, whichever ``module`` is."""
-    return INSTALLERS[module.__name__](module)
+    """Install the integration that waits for ``module``, whichever it is."""
+    return install_integration(integration_for(module.__name__), module)
 
 
-# Knob warnings already said: lm-eval 0.4.9.x imports both modules in INSTALLERS, and a
-# bad value is one mistake, so it gets one line.
-_WARNED: set[str] = set()
+# Whether the exit handler is registered: once per process, however often it is installed.
+_AT_EXIT = False
 
 
-def _activate() -> bool:
+def _activate(integration: Integration) -> bool:
     """Make the process's probe on first use, and guard both cache layers; False when off."""
     settings, warnings = read_settings()
     for warning in warnings:
-        if warning not in _WARNED:
-            _WARNED.add(warning)
-            say(warning)
+        say_once(warning)
     if not settings.enabled:
         return False
     from lm_eval.api import model as api_model
     from lm_eval.loggers import evaluation_tracker
 
-    if state.ACTIVE is None:
-        warning = untested_warning(lm_eval_version())
-        if warning:
-            say(warning)
-        state.ACTIVE = state.Probe(settings)
+    say_once(integration.tested.warning(lm_eval_version()))
+    global _AT_EXIT
+    if not _AT_EXIT:
+        _AT_EXIT = True
         atexit.register(_finalise_at_exit)
+    state.activate(settings)
     guard_caches(api_model)
     carry_evidence(evaluation_tracker)
     return True
@@ -101,12 +90,12 @@ def _activate() -> bool:
 def uninstall() -> None:
     """Restore every patched original and forget the probe's state."""
     restore_all()
-    state.ACTIVE = None
-    _WARNED.clear()
+    state.forget()
+    forget_said()
 
 
 class _InstallingLoader:
-    """Runs the real loader of an lm-eval module in INSTALLERS, then installs the probe on it."""
+    """Runs the real loader of a module an integration waits for, then installs that integration."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
@@ -123,7 +112,7 @@ class _InstallingLoader:
 
 
 def installing_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
-    """The real spec of an lm-eval module in INSTALLERS, whose loader installs the probe after it ran.
+    """The real spec of a module an integration waits for, whose loader installs it after it ran.
 
     Called by the start-up stub's finder, which no longer waits for ``fullname``: asked
     again here, it answers None, so the spec comes from the real finders.
@@ -139,16 +128,9 @@ def installing_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
 
 
 def _finalise_at_exit() -> None:
-    probe = state.ACTIVE
-    if probe is None:
-        return
-    try:
-        probe.finalise()
-    except Exception as error:
-        say(f"could not add the final counters to the sidecar: {error!r}")
-    report = os.environ.get(ENV_REPORT)
-    if report:
+    for probe in list(state.SCOPES):
         try:
-            write_json_atomic(report, probe.evidence_document())
+            probe.finalise()
         except Exception as error:
-            say(f"could not write the observation report {report}: {error!r}")
+            say(f"could not add the final counters to the sidecar: {error!r}")
+    write_report_at_exit(state.SCOPES)

@@ -21,6 +21,22 @@ def say(message: str) -> None:
         pass
 
 
+# What say_once said in this process: a bad knob, or an untested release, is one mistake,
+# however many integrations and evaluations meet it.
+_SAID: set[str] = set()
+
+
+def say_once(message: str | None) -> None:
+    """Say ``message`` unless this process said it already (or it is None)."""
+    if message and message not in _SAID:
+        _SAID.add(message)
+        say(message)
+
+
+def forget_said() -> None:
+    _SAID.clear()
+
+
 class ErrorReports:
     """Reports each kind of internal error once: the host process is never flooded."""
 

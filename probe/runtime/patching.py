@@ -37,7 +37,15 @@ def wrap(owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
 
 def restore_all() -> None:
     """Restore every original that is still replaced by our wrapper, newest first."""
-    while _ORIGINALS:
-        owner, name, original = _ORIGINALS.pop()
-        if is_ours(owner.__dict__.get(name)):
-            setattr(owner, name, original)
+    restore_where(lambda owner, name: True)
+
+
+def restore_where(chosen: Callable[[Any, str], bool]) -> None:
+    """Restore, newest first, each original whose (owner, attribute name) is ``chosen`` and
+    that is still replaced by our wrapper; the others stay as they are."""
+    for entry in reversed(list(_ORIGINALS)):
+        owner, name, original = entry
+        if chosen(owner, name):
+            _ORIGINALS.remove(entry)
+            if is_ours(owner.__dict__.get(name)):
+                setattr(owner, name, original)

@@ -4,6 +4,9 @@ Pipelines move or upload only ``results*.json`` (InferenceX's CI does), so the e
 travels there: one namespaced top-level entry added to the document lm-eval saves. It
 holds no ``lm_eval_version`` key and no ``metric,filter`` key, and nothing of lm-eval's is
 removed or renamed, so lm-eval's and InferenceX's readers see the file as before.
+
+Results returned by ``simple_evaluate`` already carry their own evaluation's evidence
+(``evaluations``); only results made otherwise get the active scope's here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from probe.runtime.patching import mark, wrap
 def _carrying_evidence(original: Callable) -> Callable:
     def save_results_aggregated(self: Any, results: Any, *args: Any, **kwargs: Any) -> Any:
         probe = state.ACTIVE
-        if probe is not None and isinstance(results, dict):
+        if probe is not None and isinstance(results, dict) and EVIDENCE_KEY not in results:
             try:
                 results[EVIDENCE_KEY] = probe.evidence_document()
             except Exception as error:

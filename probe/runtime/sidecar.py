@@ -10,9 +10,17 @@ import stat
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from probe.runtime.contract import PATHOLOGY, PROBE_VERSION, SCHEMA_VERSION, Settings, settings_fingerprint
+from probe.runtime.contract import (
+    PATHOLOGY,
+    PROBE_VERSION,
+    SCHEMA_VERSION,
+    Settings,
+    main_cause,
+    settings_fingerprint,
+)
 
 
 def public_url(url: Any) -> str | None:
@@ -28,22 +36,28 @@ def public_url(url: Any) -> str | None:
     return f"{scheme}{sep}{host}{slash}{path}"
 
 
-def trip_document(
-    run_id: str,
-    evidence: Mapping[str, Any],
-    group: Mapping[str, Any],
-    tasks: list[str],
-    settings: Settings,
-    first_request_at: float | None,
-    lm_eval_version: str | None,
-    model: Any,
-    base_url: Any,
-    backend: str = "api",
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TripContext:
+    """Everything a trip record says: the tripped group's figures and settings, and who
+    tripped it, where, and under which knobs."""
+
+    run_id: str
+    figures: Mapping[str, Any]  # the group's Tally.as_dict()
+    gen_kwargs: Mapping[str, Any]
+    tasks: list[str]
+    settings: Settings
+    first_request_at: float | None
+    lm_eval_version: str | None
+    model: str | None
+    base_url: str | None  # already without credentials
+    backend: str = "api"  # "api" (a server) or "vllm" (the in-process engine of --model vllm)
+
+
+def trip_document(trip: TripContext) -> dict[str, Any]:
     """The sidecar as written at the trip: the trip record, and ``final`` still null.
 
-    ``backend`` says which of lm-eval's backends tripped: ``"api"`` (a server) or ``"vllm"``
-    (the in-process engine of ``--model vllm``).
+    ``cause`` names the cause the rule counted most (see the glossary in ``contract``):
+    ``pathology`` keeps its one schema value for every cause.
     """
     now = time.time()
     return {
@@ -52,20 +66,21 @@ def trip_document(
         "verdict": {
             "tripped": True,
             "pathology": PATHOLOGY,
-            "run_id": run_id,
-            **evidence,
-            "group": dict(group),
-            "tasks": tasks,
-            "settings": settings.as_dict(),
-            "settings_fingerprint": settings_fingerprint(settings),
+            "cause": main_cause(trip.figures.get("causes") or {}),
+            "run_id": trip.run_id,
+            **trip.figures,
+            "group": dict(trip.gen_kwargs),
+            "tasks": trip.tasks,
+            "settings": trip.settings.as_dict(),
+            "settings_fingerprint": settings_fingerprint(trip.settings),
             "tripped_at": now,
             "tripped_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-            "seconds_since_first_request": round(now - (first_request_at or now), 3),
+            "seconds_since_first_request": round(now - (trip.first_request_at or now), 3),
             "pid": os.getpid(),
-            "lm_eval_version": lm_eval_version,
-            "model": model if isinstance(model, str) else None,
-            "base_url": public_url(base_url),
-            "backend": backend,
+            "lm_eval_version": trip.lm_eval_version,
+            "model": trip.model,
+            "base_url": trip.base_url,
+            "backend": trip.backend,
         },
         "final": None,
     }

@@ -1,14 +1,18 @@
-"""The probe's process-wide state, and the one decision it takes: trip a group or not.
+"""The probe's state, one scope per evaluation, and the one decision it takes: trip a group or not.
 
-``Probe`` only coordinates: evidence lives in ``groups``, the sidecar in ``ownership``,
-error reports in ``log``, the gates in ``gate``; the backends (``api``) turn calls into
-requests and requests into answers.
+Each lm-eval evaluation (one ``simple_evaluate`` call, see ``evaluations``) gets a
+:class:`Probe` of its own: its groups, evidence per task, run identity, sidecar ownership
+and gates, under its own lock, so that a trip in one evaluation of a sweep never touches
+the next. Requests made outside any evaluation (lm-eval's models driven directly) fall in
+the process's default scope. ``Probe`` only coordinates: evidence lives in ``groups`` and
+``tasks``, the sidecar in ``ownership``, error reports in ``log``, the gates in ``gate``;
+the backends (``api``, ``vllm_offline``) turn calls into requests and requests into answers.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+import threading
 import time
 from typing import Any
 
@@ -17,6 +21,8 @@ from probe.runtime.contract import (
     PROBE_VERSION,
     SCHEMA_VERSION,
     Settings,
+    cause_words,
+    main_cause,
     run_id,
     settings_fingerprint,
     sidecar_path,
@@ -26,17 +32,21 @@ from probe.runtime.gate import Gates
 from probe.runtime.groups import Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
 from probe.runtime.ownership import SidecarOwnership
-from probe.runtime.sidecar import trip_document
+from probe.runtime.sidecar import TripContext, public_url, trip_document
 from probe.runtime.tasks import TaskBook
 from probe.runtime.versions import lm_eval_version
 
 
 class Probe:
-    """Evidence per group, the trip, and the final counters, for one process."""
+    """Evidence per group, the trip, and the final counters, for one evaluation."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, evaluation: bool = False) -> None:
         self.settings = settings
-        self._run_id: str | None = None
+        self.lock = threading.RLock()
+        # Begun by lm-eval's simple_evaluate (else the process's default scope): an evaluation
+        # starts a run of its own, a default scope joins the run that started this process.
+        self.evaluation = evaluation
+        self._run_id: str | None = run_id(fresh=True) if evaluation else None
         self.groups = Groups()
         self.tasks = TaskBook()
         self.loglikelihood_requests = 0
@@ -47,11 +57,15 @@ class Probe:
 
     @property
     def run_id(self) -> str:
-        """This run's identity, settled on first use: lm-eval hands the model its requests (the
-        first use) from inside ``simple_evaluate``, which starts a run of its own."""
+        """This scope's run identity (a default scope settles it on first use)."""
         if self._run_id is None:
-            self._run_id = run_id(fresh=_evaluating_here())
+            self._run_id = run_id()
         return self._run_id
+
+    def idle(self) -> bool:
+        """True while nothing was asked of it: no evaluation, no request."""
+        with self.lock:
+            return not (self.evaluation or self.tasks.evidence or self.loglikelihood_requests or list(self.groups))
 
     def register(self, requests: Any) -> None:
         """Note the task of every generate request lm-eval hands the model (its Instances)."""
@@ -61,7 +75,7 @@ class Probe:
             args = getattr(instance, "args", ())
             gen_kwargs = args[1] if len(args) > 1 else {}
             entries.append((args[0] if args else None, group_key(gen_kwargs)[0], getattr(instance, "task_name", None)))
-        with self.groups.lock:
+        with self.lock:
             self.tasks.register(entries)
 
     def request(
@@ -74,26 +88,35 @@ class Probe:
         tasks: list[str | None] | None = None,
     ) -> Request:
         """One generate request for ``prompts`` (as lm-eval passes them), in its group, made by
-        ``backend``; each prompt's task is looked up unless the backend knows ``tasks``."""
-        group = self.groups.get(gen_kwargs)
-        with self.groups.lock:
+        ``backend`` for the model ``lm`` (only its name and address are kept); each prompt's
+        task is taken from the task book when needed, unless the backend knows ``tasks``."""
+        with self.lock:
+            group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
-            if tasks is None:
-                tasks = [self.tasks.task_of(prompt, group.key) for prompt in prompts]
         is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
-        return Request(group, lm, tasks, max_tokens or 0, is_evidence, backend=backend)
+        model = getattr(lm, "model", None)
+        return Request(
+            group, list(prompts), max_tokens or 0, is_evidence, model if isinstance(model, str) else None,
+            public_url(getattr(lm, "base_url", None)), backend, tasks,
+        )  # fmt: skip
+
+    def _tasks_of_request(self, request: Request) -> list[str | None]:
+        """The request's tasks, taken from the book once (under the lock)."""
+        if request.tasks is None:
+            request.tasks = [self.tasks.take(prompt, request.group.key) for prompt in request.prompts]
+        return request.tasks
 
     def count_loglikelihood(self, n: int) -> None:
-        with self.groups.lock:
+        with self.lock:
             self.loglikelihood_requests += n
 
     def blanks(self, request: Request, cancelled: bool = False) -> list[str]:
-        """The made-up answers of a short-circuited request (``cancelled`` in flight, or
+        """The blank answers of a short-circuited request (``cancelled`` in flight, or
         never sent), counted in its group and its tasks."""
-        with self.groups.lock:
+        with self.lock:
             request.group.short_circuited += 1
             request.group.cancelled += cancelled
-            for task in request.tasks:
+            for task in self._tasks_of_request(request):
                 evidence = self.tasks.of(task)
                 evidence.short_circuited += 1
                 evidence.cancelled += cancelled
@@ -112,40 +135,43 @@ class Probe:
         request.observed = True
         choices = describe_choices(response, request.max_tokens)
         group = request.group
-        with self.groups.lock:
+        with self.lock:
+            self._tasks_of_request(request)
             for choice in choices:
                 task = request.task_of_choice(choice.index)
                 self.tasks.of(task).add(choice, request.max_tokens, request.is_evidence)
             if not request.is_evidence:
                 return
             # The gate's slow start learns from what the request's answers said.
-            request.labels = [choice.label for choice in choices]
-            group.tally.add(request.labels, request.max_tokens)
+            request.labels = [choice.rule_label for choice in choices]
+            group.tally.add_choices(choices, request.max_tokens)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
-                self._trip(group, request.lm, request.backend)
+                self._trip(group, request)
 
-    def _trip(self, group: Group, lm: Any, backend: str = "api") -> None:
+    def _trip(self, group: Group, request: Request) -> None:
         path = os.path.abspath(sidecar_path())
+        figures = group.tally.as_dict()
         document = trip_document(
-            self.run_id, group.tally.as_dict(), group.gen_kwargs, self._tasks_of(group), self.settings,
-            self.groups.first_request_at,
-            lm_eval_version(), getattr(lm, "model", None), getattr(lm, "base_url", None), backend=backend,
+            TripContext(
+                self.run_id, figures, group.gen_kwargs, self._tasks_of(group), self.settings,
+                self.groups.first_request_at, lm_eval_version(), request.model, request.base_url, request.backend,
+            )
         )  # fmt: skip
+        evidence, advice = _evidence(group), cause_words(main_cause(figures["causes"]))[1]
         try:
             where = self.ownership.claim(path, document)
         except Exception as error:
             group.trip_failed = True
             say(
-                f"TRIP NOT APPLIED: the evidence says the model does not stop ({_evidence(group)}), "
-                f"but the sidecar {path} could not be written ({error}). Evaluation continues unprobed "
-                "so that no unexplained zero is produced. Set RESULT_DIR to a writable directory that holds "
-                "no such file."
+                f"TRIP NOT APPLIED: the rule fired ({evidence}), but the sidecar {path} could not be written "
+                f"({error}). Evaluation continues unprobed so that no unexplained zero is produced. Set "
+                "RESULT_DIR to a writable directory that holds no such file."
             )
             return
         group.tripped = True
         say(
-            f"tripped: {_evidence(group)} in the group {group.key}; {where}; answering this group's "
-            "remaining generate requests with empty strings and cancelling those in flight"
+            f"tripped: {evidence} in the group {group.key}; {where}; answering this group's remaining generate "
+            f"requests with empty strings and cancelling those in flight. What to change: {advice}"
         )
         group.inflight.cancel_all()
 
@@ -156,8 +182,8 @@ class Probe:
         return group.summary(set(self._tasks_of(group)))
 
     def finalise(self) -> None:
-        """Add the final counters to the sidecar this process wrote (once, at exit)."""
-        with self.groups.lock:
+        """Add the final counters to the sidecar this evaluation wrote (once, at exit)."""
+        with self.lock:
             groups = [self._summary(g) for g in self.groups if g.tripped]
             self.ownership.finalise(
                 {
@@ -169,13 +195,13 @@ class Probe:
             )
 
     def evidence_document(self) -> dict[str, Any]:
-        """Everything this process observed, per task and per group, tripped or not.
+        """Everything this evaluation observed, per task and per group, tripped or not.
 
         It travels inside lm-eval's results file (see ``results``) and in the report that
         ``eval-probe run`` reads. Plain JSON; no key has the ``metric,filter`` shape that
         lm-eval's and InferenceX's readers take for a score.
         """
-        with self.groups.lock:
+        with self.lock:
             tripped_groups = {g.key for g in self.groups if g.tripped}
             tasks = {
                 name: evidence.as_dict(tripped=bool(evidence.groups & tripped_groups))
@@ -188,6 +214,7 @@ class Probe:
                 "probe_version": PROBE_VERSION,
                 "backends": sorted(self.backends),
                 "run_id": self.run_id,
+                "evaluation": self.evaluation,
                 "pid": os.getpid(),
                 "settings": self.settings.as_dict(),
                 "settings_fingerprint": settings_fingerprint(self.settings),
@@ -200,25 +227,50 @@ class Probe:
             }
 
 
-def _evaluating_here() -> bool:
-    """Whether lm-eval's ``simple_evaluate`` is running on this thread's stack: then this
-    process runs an evaluation, and is the origin of a run."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "simple_evaluate" and frame.f_globals.get("__name__") == "lm_eval.evaluator":
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _evidence(group: Group) -> str:
     tally = group.tally
     caps = ",".join(str(m) for m in sorted(tally.max_tokens))
+    what = cause_words(main_cause(tally.causes))[0]
     return (
-        f"{tally.pathological}/{tally.observed} generations ended without stopping "
+        f"{tally.pathological}/{tally.observed} generations {what} "
         f"(finish reasons {dict(tally.reasons)}) at max_tokens={caps}"
     )
 
 
-# The one probe of this process, once installed; the wrappers look it up on every call.
+# The scope the wrappers use now (looked up on every call): the running evaluation's, else
+# the process's default one; None while the probe is off.
 ACTIVE: Probe | None = None
+# Every scope this process had, oldest first: the report at exit and the final counters.
+SCOPES: list[Probe] = []
+
+
+def activate(settings: Settings) -> Probe:
+    """The active scope, made (as the process's default scope) when there is none."""
+    global ACTIVE
+    if ACTIVE is None:
+        ACTIVE = Probe(settings)
+        SCOPES.append(ACTIVE)
+    return ACTIVE
+
+
+def begin_evaluation(settings: Settings) -> Probe:
+    """Start the scope of a new evaluation and make it the active one; an idle default scope
+    (made when lm-eval was imported) is dropped, since it never saw anything."""
+    global ACTIVE
+    if ACTIVE is not None and not ACTIVE.evaluation and ACTIVE.idle() and ACTIVE in SCOPES:
+        SCOPES.remove(ACTIVE)
+    ACTIVE = Probe(settings, evaluation=True)
+    SCOPES.append(ACTIVE)
+    return ACTIVE
+
+
+def end_probing() -> None:
+    """The probe is off from now on: no scope is active (the scopes so far are kept)."""
+    global ACTIVE
+    ACTIVE = None
+
+
+def forget() -> None:
+    """Forget every scope (the probe is uninstalled)."""
+    end_probing()
+    SCOPES.clear()

@@ -1,8 +1,56 @@
-"""Which lm-eval is running, and whether the suite was run against it."""
+"""Which release of a hooked program is running, and whether the suite was run against it.
+
+All version logic lives here: each integration (``integrations``) names its :class:`Tested`
+range, and an untested release gets one warning and runs probed.
+"""
 
 from __future__ import annotations
 
-from probe.runtime.contract import TESTED_LM_EVAL, is_tested_lm_eval
+from dataclasses import dataclass
+
+
+def version_tuple(text: str) -> tuple[int, ...] | None:
+    """``"0.4.9.2"`` as ``(0, 4, 9, 2)``; None when it does not start with a number."""
+    parts = []
+    for piece in text.split("."):
+        digits = ""
+        for char in piece:
+            if not ("0" <= char <= "9"):
+                break
+            digits += char
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts) or None
+
+
+@dataclass(frozen=True)
+class Tested:
+    """The releases of one program that the test suite runs against, ``low`` to ``high``."""
+
+    program: str  # as the warning names it
+    low: tuple[int, ...]
+    high: tuple[int, ...]  # compared on its own length: (0, 4, 13) covers 0.4.13.dev0 and 0.4.13.1
+
+    def covers(self, version: str) -> bool:
+        found = version_tuple(version)
+        return found is not None and self.low <= found and found[: len(self.high)] <= self.high
+
+    def warning(self, version: str | None) -> str | None:
+        """A warning when ``version`` lies outside the tested range, else None (also when unknown)."""
+        if version is None or self.covers(version):
+            return None
+        tested = " to ".join(dict.fromkeys(".".join(map(str, v)) for v in (self.low, self.high)))
+        return (
+            f"{self.program} {version} is outside the releases this probe was tested with ({tested}); "
+            "the probe stays active, but check its findings, and report a problem if you see one"
+        )
+
+
+LM_EVAL = Tested("lm-eval", (0, 4, 9, 2), (0, 4, 13))
+VLLM = Tested("vLLM", (0, 32, 0), (0, 32, 0))
 
 
 def lm_eval_version() -> str | None:
@@ -13,14 +61,3 @@ def lm_eval_version() -> str | None:
         return version("lm_eval")
     except Exception:
         return None
-
-
-def untested_warning(version: str | None) -> str | None:
-    """A warning when ``version`` lies outside the tested range, else None."""
-    if version is None or is_tested_lm_eval(version):
-        return None
-    low, high = (".".join(map(str, v)) for v in TESTED_LM_EVAL)
-    return (
-        f"lm-eval {version} is outside the releases this probe was tested with ({low} to {high}); "
-        "the probe stays active, but check its findings, and report a problem if you see one"
-    )

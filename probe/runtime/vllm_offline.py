@@ -26,16 +26,15 @@ from typing import Any
 
 from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitAnswer
-from probe.runtime.contract import version_tuple
 from probe.runtime.groups import Group, Request
+from probe.runtime.integration import Integration
 from probe.runtime.log import say
-from probe.runtime.patching import is_ours, mark, replace, wrap
+from probe.runtime.patching import is_ours, mark, replace, restore_where, wrap
+from probe.runtime.versions import LM_EVAL, VLLM
 
 BACKEND = "vllm"
 ENGINE_METHODS = ("add_request", "step", "abort_request")
 MODEL_GENERATE_PARAMETERS = ["self", "requests", "generate", "sampling_params"]
-# The vLLM releases the test suite runs against; others get one warning, and run probed.
-TESTED_VLLM = ((0, 32, 0), (0, 32, 0))
 
 
 @dataclass(frozen=True)
@@ -310,15 +309,9 @@ def _hook_engine(probe: state.Probe, llm: Any) -> Any:
 def _warn_untested_vllm(probe: state.Probe) -> None:
     import vllm
 
-    version = str(getattr(vllm, "__version__", "unknown"))
-    found = version_tuple(version)
-    if found is None or not (TESTED_VLLM[0] <= found[:3] <= TESTED_VLLM[1]):
-        tested = " to ".join(dict.fromkeys(".".join(map(str, v)) for v in TESTED_VLLM))
-        probe.errors.once(
-            "vllm version",
-            f"vLLM {version} is outside the releases this probe was tested with ({tested}); the probe "
-            "stays active, but check its findings, and report a problem if you see one",
-        )
+    warning = VLLM.warning(str(getattr(vllm, "__version__", "unknown")))
+    if warning:
+        probe.errors.once("vllm version", warning)
 
 
 def _keeping_made_up_answers(original: Callable) -> Callable:
@@ -357,3 +350,19 @@ def install_vllm(vllm_causallms: Any) -> None:
     if not is_ours(modify):
         replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
     wrap(vllm_causallms, "postprocess_generated_text", _keeping_made_up_answers)
+
+
+def uninstall_vllm(vllm_causallms: Any) -> None:
+    """Restore lm-eval's ``VLLM`` backend and every engine class hooked at first use."""
+    cls = vllm_causallms.VLLM
+    restore_where(lambda owner, name: owner is cls or owner is vllm_causallms or name in ("step", "add_request"))
+
+
+INTEGRATION = Integration(
+    waits_for="lm_eval.models.vllm_causallms",
+    install=install_vllm,
+    uninstall=uninstall_vllm,
+    is_installed=is_installed,
+    tested=LM_EVAL,
+    unprobed="lm-eval's vLLM backend",
+)

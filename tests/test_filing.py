@@ -1,0 +1,119 @@
+"""Evidence filed where it belongs: per request (not per prompt text), under the cause the
+server's answer shows, with every text naming that cause. Real lm-eval model classes against
+the simulated server, the probe installed in-process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lm_eval.api.instance import Instance
+from support.lm import GEN_KWARGS, completions, prompts
+
+from probe.run import summary
+from probe.runtime import contract, evidence
+from probe.runtime.contract import CAUSES, RULE_CAUSES, cause_words, main_cause
+
+
+def _instances(texts: list[str], task: str, start: int = 0) -> list[Instance]:
+    return [
+        Instance("generate_until", doc={}, arguments=(text, dict(GEN_KWARGS)), idx=start + i, metadata=(task, i, 1))
+        for i, text in enumerate(texts)
+    ]
+
+
+@pytest.mark.parametrize("concurrency", [1, 8], ids=["sync", "async"])
+def test_two_tasks_that_share_their_prompts_each_get_their_own_requests(sim, probed, concurrency) -> None:
+    """gsm8k and gsm8k_platinum share questions: each task's 30 requests are its own."""
+    server = sim("healthy")
+    shared = prompts(30)
+    lm = completions(server.base_url, num_concurrent=concurrency)
+    answers = lm.generate_until(_instances(shared, "gsm8k") + _instances(shared, "gsm8k_platinum", 30))
+    assert len(answers) == 60 and server.snapshot()["generate_requests"] == 60
+    tasks = probed.evidence_document()["tasks"]
+    assert {name: (found["generate_requests"], found["observations"]) for name, found in tasks.items()} == {
+        "gsm8k": (30, 30), "gsm8k_platinum": (30, 30),
+    }  # fmt: skip
+
+
+def test_shared_prompts_are_handed_out_per_request_whatever_the_counts() -> None:
+    """The book's property: each task gets as many of a shared prompt's requests as it
+    registered, in any interleaving of registrations."""
+    from probe.runtime.tasks import TaskBook
+
+    book = TaskBook()
+    book.register([("q", "g", "a")] * 3 + [("q", "g", "b")] * 2 + [("other", "g", "a")])
+    taken = [book.take("q", "g") for _ in range(5)]
+    assert sorted(taken, key=str) == ["a", "a", "a", "b", "b"]
+    assert book.take("other", "g") == "a"
+
+
+def test_a_context_window_trip_names_the_window_everywhere(sim, probed, result_dir, capsys) -> None:
+    """vLLM's max_model_len: every generation ends with `length` at 1024 of 2048 tokens."""
+    server = sim("window")
+    completions(server.base_url, num_concurrent=16).generate_until(_instances(prompts(40), "t"))
+    probed.finalise()
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert trip["cause"] == contract.CONTEXT_WINDOW and trip["causes"][contract.CONTEXT_WINDOW] == 16
+    assert trip["pathology"] == contract.PATHOLOGY  # the schema's value, for every cause
+    assert probed.evidence_document()["tasks"]["t"]["causes"][contract.CONTEXT_WINDOW] >= 16
+    what, advice = cause_words(contract.CONTEXT_WINDOW)
+    line = capsys.readouterr().err
+    said = summary(result_dir, result_dir / "no-report.json")
+    read = subprocess.run([sys.executable, "-m", "probe", "read", str(result_dir)], capture_output=True, text=True,
+                          timeout=60).stdout  # fmt: skip
+    for text in (line, said, read):
+        assert what in text and advice in text
+        assert "max_tokens cap" not in text and "does not stop" not in text
+
+
+def test_a_stop_at_the_cap_is_filed_as_the_output_cap_and_trips(sim, probed, result_dir) -> None:
+    """A server that hides the cap: `stop` with completion_tokens == max_tokens."""
+    server = sim("hidden_cap")
+    answers = completions(server.base_url, num_concurrent=16).generate_until(_instances(prompts(40), "t"))
+    assert answers.count("") == 24  # tripped after 16, like an honest `length`
+    found = probed.evidence_document()["tasks"]["t"]
+    assert found["finish_reasons"]["stop"] == found["observations"] == found["stop_at_cap"]  # as the server said
+    assert found["causes"][contract.OUTPUT_CAP] == found["observations"]
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["cause"], trip["pathological"], trip["finish_reasons"]) == (contract.OUTPUT_CAP, 16, {"stop": 16})
+
+
+@pytest.mark.parametrize(
+    ("tokens", "max_tokens", "cause"),
+    [(2048, 2048, contract.OUTPUT_CAP), (4096, 2048, contract.OUTPUT_CAP), (2047, 2048, None), (0, 0, None)],
+)
+def test_a_stop_is_cut_off_exactly_when_its_own_tokens_reach_the_cap(tokens, max_tokens, cause) -> None:
+    response = {"choices": [{"finish_reason": "stop", "text": "x"}], "usage": {"completion_tokens": tokens}}
+    (choice,) = evidence.describe_choices(response, max_tokens)
+    assert (choice.label, choice.cause, choice.stop_at_cap) == ("stop", cause, cause is not None)
+    assert evidence.is_pathological(choice.rule_label) is (cause is not None)
+
+
+def test_a_stop_in_a_batched_response_cannot_be_told_and_stays_a_stop() -> None:
+    """Several prompts per request share one token count: no choice's own count is known."""
+    response = {"choices": [{"index": i, "finish_reason": "stop", "text": "x"} for i in range(2)],
+                "usage": {"completion_tokens": 4096}}  # fmt: skip
+    assert [c.cause for c in evidence.describe_choices(response, 2048)] == [None, None]
+
+
+def test_every_cause_has_its_words_and_the_main_cause_is_the_most_counted() -> None:
+    assert len({cause_words(c) for c in CAUSES}) == len(CAUSES)
+    assert all(cause_words(c)[0] and cause_words(c)[1] for c in CAUSES)
+    for cause in RULE_CAUSES:
+        assert main_cause({cause: 3, contract.ABORTED: 99}) == cause  # aborts are never the rule's cause
+    assert main_cause({contract.OUTPUT_CAP: 2, contract.CONTEXT_WINDOW: 2}) == contract.OUTPUT_CAP
+    assert main_cause({}) is None and main_cause({contract.ABORTED: 5}) is None
+
+
+def test_the_runtime_says_a_cause_only_through_the_glossary() -> None:
+    """No runtime text names one cause for all of them."""
+    runtime = Path(contract.__file__).parent
+    for path in runtime.glob("*.py"):
+        if path.name == "contract.py":
+            continue
+        text = path.read_text()
+        assert "max_tokens cap" not in text and "does not stop" not in text, path.name

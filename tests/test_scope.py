@@ -1,0 +1,204 @@
+"""One evaluation, one scope: a sweep's evaluations never touch one another, the report at
+exit describes the evaluations that ran, and probe-made start-up files never chain into each
+other. Real lm-eval, real simulated servers, real child processes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.procs import PYTHON, probe_site
+
+from patcher.markers import SITECUSTOMIZE
+from probe.demo.localtask import METRIC, offline_env, write_task
+from probe.runtime import chain, contract, state
+from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.integrations import INTEGRATIONS, targets
+
+DOCS = 24
+
+# Two simple_evaluate calls in one process, as a sweep over models does: the first against
+# a server whose model never stops, the second against a healthy one, same task settings.
+_SWEEP = """
+import json, sys
+import lm_eval
+from lm_eval.loggers import EvaluationTracker
+
+try:  # a task's YAML as a config, the way each release's own command line loads it
+    from lm_eval.utils import load_yaml_config
+except ImportError:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    def load_yaml_config(path):
+        return load_yaml(path, resolve_func=True)
+
+for name, url in (("first", sys.argv[2]), ("second", sys.argv[3])):
+    task = load_yaml_config(sys.argv[1])  # afresh: lm-eval 0.4.9.2 consumes the config it is given
+    tracker = EvaluationTracker(output_path=f"{sys.argv[4]}/{name}")
+    results = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args=f"model=sim,base_url={url}/v1/completions,num_concurrent=8,tokenized_requests=False,"
+        "tokenizer_backend=None,max_retries=2",
+        tasks=[task], gen_kwargs="max_tokens=2048", evaluation_tracker=tracker,
+    )
+    tracker.save_results_aggregated(results=results, samples=None)
+"""
+
+
+def _results(directory: Path) -> dict:
+    (path,) = directory.glob("**/results_*.json")
+    return json.loads(path.read_text())
+
+
+def test_a_sweeps_second_evaluation_gets_its_own_scope(sim, tmp_path: Path) -> None:
+    task = write_task(tmp_path / "task", DOCS)
+    never, healthy = sim("never_stop"), sim("healthy")
+    output = tmp_path / "out"
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output))
+    command = [PYTHON, "-c", _SWEEP, str(task.yaml), never.base_url, healthy.base_url, str(output)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    first, second = _results(output / "first"), _results(output / "second")
+    # Every request of the second evaluation reached its own server, and was answered.
+    assert healthy.snapshot()["generate_requests"] == DOCS
+    assert second["results"][task.name][METRIC] == 1.0
+    mine = second[EVIDENCE_KEY]
+    assert (mine["tripped"], mine["tasks"][task.name]["observations"]) == (False, DOCS)
+    assert mine["tasks"][task.name]["short_circuited"] == 0
+    # The first evaluation tripped, under a run identity of its own, which its results carry.
+    trip = json.loads((output / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert first[EVIDENCE_KEY]["tripped"] and first[EVIDENCE_KEY]["run_id"] == trip["run_id"]
+    assert mine["run_id"] != trip["run_id"] and mine["sidecar"] is None
+
+
+def test_the_report_describes_the_evaluations_and_an_idle_process_adds_nothing(sim, tmp_path: Path) -> None:
+    """``eval-probe run`` of a script that runs lm-eval and then a Python that only imports
+    it: the summary is lm-eval's, not "0 of 0 generations"."""
+    task = write_task(tmp_path / "task", DOCS)
+    server = sim("healthy")
+    output = tmp_path / "out"
+    evaluate = task.lm_eval_command(server.base_url, "sim", output, 2048, 8, model_args="max_retries=2")
+    idle = [PYTHON, "-c", "import lm_eval.evaluator, lm_eval.models.api_models"]
+    script = f"{shlex.join(evaluate)} && {shlex.join(idle)}"
+    run = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", "bash", "-c", script],
+                         env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
+    assert "of 1 evaluation(s)" in run.stderr
+
+
+def test_every_process_of_a_command_adds_its_evaluations_to_the_report(sim, tmp_path: Path) -> None:
+    server = sim("healthy")
+    report = tmp_path / "observed.json"
+    site = probe_site(tmp_path / "site")
+    code = (
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"from support.lm import completions, generate\ngenerate(completions({server.base_url!r}), int(sys.argv[1]))\n"
+    )
+    env = offline_env(site, HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
+    for n in ("5", "7"):
+        run = subprocess.run([PYTHON, "-c", code, n], env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+    idle = subprocess.run([PYTHON, "-c", "import lm_eval.models.api_models"], env=env, capture_output=True, timeout=120)
+    assert idle.returncode == 0
+    evaluations = json.loads(report.read_text())["evaluations"]
+    assert [sum(g["observations"] for g in e["groups"]) for e in evaluations] == [5, 7]
+    assert len({e["pid"] for e in evaluations}) == 2
+
+
+def _user_site(directory: Path) -> Path:
+    directory.mkdir()
+    (directory / "sitecustomize.py").write_text("print('user start-up ran')\n")
+    return directory
+
+
+_ONCE = (
+    "import sys; import lm_eval.models.api_models\n"
+    "print('booted', getattr(sys, '_lm_eval_probe_booted', False))\n"
+    "print('runtimes', sum(type(f).__name__ == 'EmbeddedRuntime' for f in sys.meta_path))\n"
+)
+
+
+def test_two_probe_made_sitecustomize_files_never_chain_into_each_other(tmp_path: Path) -> None:
+    first, second = probe_site(tmp_path / "a"), probe_site(tmp_path / "b")
+    user = _user_site(tmp_path / "user")
+    env = offline_env(None, PYTHONPATH=f"{first}:{second}:{user}")
+    run = subprocess.run([PYTHON, "-c", _ONCE], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "Error" not in run.stderr, run.stderr[-2000:]
+    assert run.stdout.splitlines() == ["user start-up ran", "booted True", "runtimes 1"]
+
+
+def test_a_nested_run_activates_the_probe_once_and_runs_the_users_start_up_once(tmp_path: Path) -> None:
+    """``eval-probe run`` with a probe-made directory already on PYTHONPATH (installed by
+    ``eval-probe install``, or an outer ``run``)."""
+    user = _user_site(tmp_path / "user")
+    env = offline_env(None, PYTHONPATH=f"{probe_site(tmp_path / 'a')}:{user}")
+    command = [PYTHON, "-m", "probe", "run", "--", PYTHON, "-m", "probe", "run", "--", PYTHON, "-c", _ONCE]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "RecursionError" not in run.stderr, run.stderr[-2000:]
+    assert [line for line in run.stdout.splitlines() if "eval-probe" not in line][-3:] == [
+        "user start-up ran", "booted True", "runtimes 1",
+    ]  # fmt: skip
+
+
+def test_the_chain_knows_the_patchers_end_marker() -> None:
+    assert SITECUSTOMIZE.end_line == chain.BLOCK_END
+
+
+def test_a_file_with_the_users_code_besides_the_probe_is_never_skipped(tmp_path: Path) -> None:
+    made = probe_site(tmp_path / "made") / "sitecustomize.py"
+    assert chain._made_by_probe(str(made))
+    mixed = tmp_path / "mixed.py"
+    mixed.write_text(made.read_text() + "print('mine')\n")
+    assert not chain._made_by_probe(str(mixed))
+
+
+def test_the_stub_waits_for_every_integration_and_nothing_else() -> None:
+    from probe.inject import sitecustomize_text
+
+    assert f"{targets()!r})" in sitecustomize_text()
+    assert len(set(targets())) == len(INTEGRATIONS)
+
+
+@pytest.mark.parametrize("name", ["lm_eval.evaluator", "lm_eval.models.api_models"])
+def test_each_integration_installs_and_uninstalls_symmetrically(name: str, result_dir) -> None:
+    import importlib
+
+    from probe.runtime import install
+    from probe.runtime.integrations import integration_for
+
+    integration, module = integration_for(name), importlib.import_module(name)
+    before = dict(vars(module))
+    try:
+        assert install.install_integration(integration, module) and integration.is_installed(module)
+        assert install.install_integration(integration, module)  # idempotent
+    finally:
+        integration.uninstall(module)
+        install.uninstall()
+    assert not integration.is_installed(module)
+    assert {k: v for k, v in vars(module).items() if k in before} == before
+
+
+def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir) -> None:
+    """The scopes themselves: a new evaluation owns new groups, lock, gates, sidecar and run id."""
+    from probe.runtime import install
+
+    try:
+        assert install.install()
+        default = state.ACTIVE
+        first = state.begin_evaluation(default.settings)
+        first.groups.get({"max_tokens": 2048}).tripped = True
+        second = state.begin_evaluation(default.settings)
+        assert state.ACTIVE is second and default not in state.SCOPES  # idle default scope dropped
+        assert not second.groups.get({"max_tokens": 2048}).tripped
+        assert second.lock is not first.lock and second.gates is not first.gates
+        assert second.ownership is not first.ownership and second.run_id != first.run_id
+        assert [first, second] == state.SCOPES
+    finally:
+        install.uninstall()
+    assert state.SCOPES == [] and state.ACTIVE is None
+    assert sys.modules.get("lm_eval.evaluator") is not None
