@@ -3,7 +3,8 @@
 - ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate (which starts slow and
   learns from each finished call), runs as a task of its own so that a trip can cancel it,
   and answers blank once its group has tripped.
-- ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
+- ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped; its
+  requests are sent in a seeded sample order instead of lm-eval's longest first (``order``).
 - Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
 """
 
@@ -19,6 +20,7 @@ from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
 from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
+from probe.runtime.order import sampled_collator, sampled_order
 from probe.runtime.patching import MARKER, is_ours, mark, replace, wrap
 
 # The request a running call belongs to. Kept in a context variable, never on the model
@@ -99,7 +101,7 @@ async def _run_async(
     if group.tripped:
         return probe.blanks(request)
     try:
-        gate = probe.gates.for_running_loop(lm, request.is_evidence)
+        gate = probe.gates.for_running_loop(lm, request.is_evidence, group.key)
     except Exception as error:
         probe.errors.report("gate", error)
         gate = None
@@ -238,7 +240,10 @@ def _registering_generate_until(original: Callable) -> Callable:
                 probe.register(requests)
             except Exception as error:
                 probe.errors.report("generate_until", error)
-        return original(self, requests, *args, **kwargs)
+        # One request at a time: the gate cannot choose the sample, so lm-eval's order is replaced.
+        sync = probe is not None and not getattr(self, "_concurrent", 1) > 1
+        with sampled_order(probe.gates.sampling.seed if sync else None):
+            return original(self, requests, *args, **kwargs)
 
     return mark(generate_until, original)
 
@@ -249,6 +254,7 @@ def is_installed(api_models: Any) -> bool:
 
 def install_api(api_models: Any) -> None:
     """Patch ``TemplateAPI``'s two request paths, and learn each prompt's task (idempotent)."""
+    wrap(api_models, "Collator", sampled_collator)
     wrap(api_models.TemplateAPI, "generate_until", _registering_generate_until)
     wrap(api_models.TemplateAPI, "amodel_call", _probed_amodel_call)
     wrap(api_models.TemplateAPI, "model_call", _probed_model_call)

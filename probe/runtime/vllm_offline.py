@@ -10,6 +10,9 @@ them with ``--batch_size auto``); vLLM adds one engine request per prompt, then 
 - on a trip, ``abort_request`` ends the tripped group's unfinished requests at once (their
   KV cache is freed), and lm-eval gets a blank answer for each, in order.
 
+lm-eval hands the engine its prompts longest first, and the engine finishes the first ones
+first: while ``generate_until`` runs, lm-eval's ordering is replaced by a seeded sample order
+(``order``), so the observations the rule judges are a uniform sample, chunk by chunk too.
 A prompt whose group tripped in an earlier chunk is never sent. When the engine lacks those
 methods, or hooking fails, one line says so and generation runs unprobed. Loglikelihood is
 never touched. ``data_parallel_size > 1`` runs one engine per Ray worker, in processes out of
@@ -29,6 +32,7 @@ from probe.runtime.answers import BLANK, ShortCircuitAnswer
 from probe.runtime.contract import version_tuple
 from probe.runtime.groups import Group, Request
 from probe.runtime.log import say
+from probe.runtime.order import sampled_collator, sampled_order
 from probe.runtime.patching import is_ours, mark, replace, wrap
 
 BACKEND = "vllm"
@@ -175,7 +179,8 @@ def _probed_generate_until(original: Callable) -> Callable:
                 state.ACTIVE.errors.report("vllm generate_until", error)
         token = _PROMPTS.set(prompts)
         try:
-            return original(self, requests, *args, **kwargs)
+            with sampled_order(state.ACTIVE.gates.sampling.seed if prompts is not None else None):
+                return original(self, requests, *args, **kwargs)
         finally:
             _PROMPTS.reset(token)
 
@@ -352,6 +357,7 @@ def install_vllm(vllm_causallms: Any) -> None:
         and callable(getattr(vllm_causallms, "postprocess_generated_text", None))
     ):
         raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
+    wrap(vllm_causallms, "Collator", sampled_collator)
     wrap(cls, "generate_until", _probed_generate_until)
     wrap(cls, "_model_generate", _probed_model_generate)
     if not is_ours(modify):

@@ -1,0 +1,58 @@
+"""lm-eval's request order, replaced by a seeded sample order where the gate cannot choose:
+invasive patches of the ``Collator`` that lm-eval's sync API path and vLLM backend sort with.
+
+Both send a group's requests in the order ``Collator`` gives them, longest prompt first, and
+the sync path sends one request at a time, so the first observations would be the longest
+prompts'. While :func:`sampled_order` is in effect (on this thread or task), a ``Collator``
+made by the patched module sorts by a seeded hash of each request's prompt instead
+(``sampling.rank``): a uniform random order, reproducible for a given seed. ``Collator``
+still puts the answers back in lm-eval's order, so no answer moves, and none changes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from probe.runtime.patching import MARKER
+from probe.runtime.sampling import rank
+
+_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("lm_eval_probe_sampled_order", default=None)
+
+
+@contextmanager
+def sampled_order(seed: int | None) -> Iterator[None]:
+    """Collators made in the block sort by ``seed`` (None: as lm-eval says)."""
+    token = _SEED.set(seed)
+    try:
+        yield
+    finally:
+        _SEED.reset(token)
+
+
+def _sample_key(seed: int, request: Any) -> int:
+    # lm-eval's requests are (prompt, gen_kwargs, ...) tuples; the prompt alone decides, so the
+    # order does not depend on the order lm-eval passed them in.
+    prompt = request[0] if isinstance(request, tuple) and request else request
+    return rank(seed, repr(prompt))
+
+
+def sampled_collator(original: type) -> type:
+    """A subclass of lm-eval's ``Collator`` that sorts in the sampled order when asked to."""
+
+    class Collator(original):  # type: ignore[misc, valid-type]
+        def __init__(self, arr: Any, *args: Any, **kwargs: Any) -> None:
+            seed = _SEED.get()
+            if seed is not None:
+                if args:
+                    args = (lambda request: _sample_key(seed, request), *args[1:])
+                else:
+                    kwargs["sort_fn"] = lambda request: _sample_key(seed, request)
+            super().__init__(arr, *args, **kwargs)
+
+    Collator.__qualname__ = Collator.__name__ = original.__name__
+    Collator.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(Collator, MARKER, True)
+    return Collator
