@@ -241,7 +241,8 @@ def _registering_generate_until(original: Callable) -> Callable:
             except Exception as error:
                 probe.errors.report("generate_until", error)
         # One request at a time: the gate cannot choose the sample, so lm-eval's order is replaced.
-        sync = probe is not None and not getattr(self, "_concurrent", 1) > 1
+        concurrency = getattr(self, "_concurrent", 1)
+        sync = probe is not None and not (isinstance(concurrency, int) and concurrency > 1)
         with sampled_order(probe.gates.sampling.seed if sync else None):
             return original(self, requests, *args, **kwargs)
 
