@@ -45,6 +45,7 @@ gives ``c <= (1 - r) * a``, ``k - r * L = (1 - r) * L - s >= (1 - r) * (a - e) -
 >= 0``: at least ``MIN`` observations, at least ``LENGTH_RATIO`` of them at the cap, so the
 rule fired (the gate then lets everything through; if the trip could not be applied, the
 policy is open). tests/test_gate_liveness.py checks both with hypothesis, on a real loop.
+The sync API path and the in-process vLLM path have no gate: nothing there waits on evidence.
 
 :class:`SlowStart` is the policy, pure arithmetic; :class:`Gate` applies it to asyncio
 tasks; :class:`Gates` keeps one gate per event loop.
