@@ -11,7 +11,7 @@ import pytest
 from lm_eval.api.instance import Instance
 from support.lm import GEN_KWARGS, completions, probe_installed
 
-from probe.demo.simserver import healthy_answer
+from probe.demo.simserver import SimServer, healthy_answer
 from probe.runtime import state
 from probe.runtime.gate import Gates
 from probe.runtime.sampling import Sampling
@@ -114,3 +114,41 @@ def test_a_never_stopping_model_still_trips_after_min_samples_in_the_sampled_ord
         answers = _generate(completions(server.base_url, num_concurrent=8), _questions(60))
         assert state.ACTIVE is not None and next(iter(state.ACTIVE.groups)).tripped
     assert server.snapshot()["generate_requests"] == 16 and sum(a == "" for a in answers) == 44
+
+
+class _RecordingServer(SimServer):
+    """A simulated server that keeps which prompts each generate request carried."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[list[str]] = []
+
+    async def _completions(self, request: Any) -> Any:
+        payload = await request.json()
+        if payload.get("max_tokens"):
+            prompt = payload.get("prompt")
+            self.requests.append(list(prompt) if isinstance(prompt, list) else [prompt])
+        return await super()._completions(request)
+
+
+@pytest.mark.parametrize("concurrency", [8, 1])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_several_prompts_per_request_are_a_random_set_not_a_block_of_lm_evals_longest_first_order(
+    sim, result_dir, concurrency: int, seed: int
+) -> None:
+    """batch_size 8: the gate can only choose which requests go first, not what each holds. In
+    lm-eval's order each request holds 8 prompts of neighbouring length, so the first 16
+    observations are two blocks (the two longest blocks hold every answer at the cap: trip
+    probability about 1/45, not the table's 3.35e-06); in the sampled order each is a random set."""
+    texts = _questions(80)
+    threshold = sorted(len(t) for t in texts)[int(len(texts) * 0.8)]
+    with _RecordingServer("mixed", cap_min_chars=threshold) as server:
+        unprobed = _generate(completions(server.base_url, num_concurrent=concurrency, batch_size=8), texts)
+        assert sum(all(server.at_cap(prompt) for prompt in sent) for sent in server.requests) == 2  # two blocks
+        server.requests.clear()
+        with probe_installed() as probe:
+            probe.gates = Gates(probe.settings, Sampling(seed))
+            probed = _generate(completions(server.base_url, num_concurrent=concurrency, batch_size=8), texts)
+    assert probed == unprobed
+    assert len(server.requests) == 10
+    assert not any(all(server.at_cap(prompt) for prompt in sent) for sent in server.requests)

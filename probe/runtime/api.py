@@ -3,8 +3,10 @@
 - ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate (which starts slow and
   learns from each finished call), runs as a task of its own so that a trip can cancel it,
   and answers blank once its group has tripped.
-- ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped; its
-  requests are sent in a seeded sample order instead of lm-eval's longest first (``order``).
+- ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
+- ``generate_until`` sorts a group's requests in a seeded sample order instead of lm-eval's
+  longest first (``order``), on both paths: what the sync path sends next, and which prompts
+  share a request when ``batch_size > 1``.
 - Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
 """
 
@@ -240,10 +242,11 @@ def _registering_generate_until(original: Callable) -> Callable:
                 probe.register(requests)
             except Exception as error:
                 probe.errors.report("generate_until", error)
-        # One request at a time: the gate cannot choose the sample, so lm-eval's order is replaced.
-        concurrency = getattr(self, "_concurrent", 1)
-        sync = probe is not None and not (isinstance(concurrency, int) and concurrency > 1)
-        with sampled_order(probe.gates.sampling.seed if sync else None):
+        # lm-eval's order is replaced on both paths: the sync path sends one request at a
+        # time (the gate cannot choose), and on the async path with batch_size > 1 the gate
+        # chooses only which requests go first, not which prompts each holds (in lm-eval's
+        # order, a block of neighbouring lengths: a cluster sample, not a uniform one).
+        with sampled_order(probe.gates.sampling.seed if probe is not None else None):
             return original(self, requests, *args, **kwargs)
 
     return mark(generate_until, original)

@@ -1,9 +1,10 @@
 """lm-eval's request order, replaced by a seeded sample order where the gate cannot choose:
-invasive patches of the ``Collator`` that lm-eval's sync API path and vLLM backend sort with.
+invasive patches of the ``Collator`` that lm-eval's API models and vLLM backend sort with.
 
-Both send a group's requests in the order ``Collator`` gives them, longest prompt first, and
-the sync path sends one request at a time, so the first observations would be the longest
-prompts'. While :func:`sampled_order` is in effect (on this thread or task), a ``Collator``
+Each sends a group's requests in the order ``Collator`` gives them, longest prompt first: the
+sync path one request at a time, vLLM to an engine that serves the first ones first, and
+every path with ``batch_size > 1`` puts neighbouring prompts in one request, so the first
+observations would be the longest prompts', or blocks of alike ones. While :func:`sampled_order` is in effect (on this thread or task), a ``Collator``
 made by the patched module sorts by a seeded hash of each request's prompt instead
 (``sampling.rank``): a uniform random order, reproducible for a given seed. ``Collator``
 still puts the answers back in lm-eval's order, so no answer moves, and none changes.

@@ -2,9 +2,10 @@
 
 lm-eval sends the requests of a group longest prompt first, and long prompts tend to have
 long answers, so the first observations in lm-eval's order are a biased sample. Every backend
-therefore puts its requests in an order of its own: the async API path releases them from its
-gate in a seeded random order (``gate``), the sync API path and the in-process vLLM backend
-have lm-eval's own ordering replaced by a seeded hash of each prompt (``order``). For a given
+therefore puts its requests in an order of its own: every backend has lm-eval's own ordering
+replaced by a seeded hash of each prompt (``order``: what the sync API path and vLLM send
+first, and which prompts share a request), and the async API path also releases its calls
+from its gate in a seeded random order (``gate``). For a given
 seed the order is reproducible; it does not depend on the order lm-eval used.
 """
 
@@ -33,7 +34,8 @@ class Sampling:
         return {
             "method": METHOD,
             "seed": self.seed,
-            "async": "the gate releases parked calls in an order drawn from the seed",
+            "async": "lm-eval's longest-first order is replaced by a seeded hash of each prompt (which prompts "
+            "share a request), and the gate releases parked calls in an order drawn from the seed",
             "sync": "lm-eval's longest-first order is replaced by a seeded hash of each prompt",
             "vllm": "lm-eval's longest-first order is replaced by a seeded hash of each prompt",
         }
