@@ -4,8 +4,9 @@ invasive patches of the ``Collator`` that lm-eval's API models and vLLM backend 
 Each sends a group's requests in the order ``Collator`` gives them, longest prompt first: the
 sync path one request at a time, vLLM to an engine that serves the first ones first, and
 every path with ``batch_size > 1`` puts neighbouring prompts in one request, so the first
-observations would be the longest prompts', or blocks of alike ones. While :func:`sampled_order` is in effect (on this thread or task), a ``Collator``
-made by the patched module sorts by a seeded hash of each request's prompt instead
+observations would be the longest prompts', or blocks of alike ones. While
+:func:`sampled_order` is in effect (on this thread or task), a ``Collator`` made by the
+patched module sorts by a seeded hash of each request's prompt instead
 (``sampling.rank``): a uniform random order, reproducible for a given seed. ``Collator``
 still puts the answers back in lm-eval's order, so no answer moves, and none changes.
 """
