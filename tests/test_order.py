@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from lm_eval.models.utils import Collator
 
@@ -54,3 +55,56 @@ def test_the_sampled_order_is_uniform_in_lm_evals_length_rank() -> None:
             counts[requests.index(request)] += 1
     expected = seeds * first / n
     assert sum((c - expected) ** 2 / expected for c in counts) < 80  # chi2, 39 d.o.f.: P ~ 1e-4
+
+
+def _sync_order_is_sampled(server: Any) -> list[str]:
+    """The probed sync path's answers to 30 prompts; asserts the probe is active."""
+    from support.lm import completions, generate, probe_installed
+
+    with probe_installed() as probe:
+        assert probe is not None
+        return generate(completions(server.base_url, num_concurrent=1), 30)
+
+
+def test_a_pipeline_that_replaced_collator_by_a_function_still_gets_a_probe_and_the_sampled_order(
+    sim, result_dir, monkeypatch
+) -> None:
+    """A function cannot be subclassed: the probe wraps it instead of failing to install (which
+    ran the whole evaluation unprobed), and the pipeline's function stays after uninstall."""
+    import lm_eval.models.api_models as api_models
+
+    made: list[Any] = []
+
+    def pipeline_collator(arr: Any, *args: Any, **kwargs: Any) -> Any:
+        collator = Collator(arr, *args, **kwargs)
+        made.append(collator)
+        return collator
+
+    monkeypatch.setattr(api_models, "Collator", pipeline_collator)
+    server = sim("never_stop")
+    answers = _sync_order_is_sampled(server)
+    assert server.snapshot()["generate_requests"] == 16 and answers.count("") == 14
+    assert made and api_models.Collator is pipeline_collator
+
+
+def test_a_pipeline_subclass_of_the_probes_collator_survives_uninstall(sim, result_dir) -> None:
+    """Installed after the probe, a pipeline's subclass of the probe's Collator inherits its
+    marker: uninstall must not take it for the probe's own and put lm-eval's back over it."""
+    import lm_eval.models.api_models as api_models
+
+    from probe.runtime import install
+
+    original = api_models.Collator
+    assert install.install()
+    try:
+
+        class PipelineCollator(api_models.Collator):  # type: ignore[misc, name-defined]
+            pass
+
+        api_models.Collator = PipelineCollator
+    finally:
+        install.uninstall()
+    try:
+        assert api_models.Collator is PipelineCollator
+    finally:
+        api_models.Collator = original

@@ -22,7 +22,7 @@ from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
 from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
-from probe.runtime.order import sampled_collator, sampled_order
+from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import MARKER, is_ours, mark, replace, wrap
 
 # The request a running call belongs to. Kept in a context variable, never on the model
@@ -258,7 +258,7 @@ def is_installed(api_models: Any) -> bool:
 
 def install_api(api_models: Any) -> None:
     """Patch ``TemplateAPI``'s two request paths, and learn each prompt's task (idempotent)."""
-    wrap(api_models, "Collator", sampled_collator)
+    install_order(api_models)
     wrap(api_models.TemplateAPI, "generate_until", _registering_generate_until)
     wrap(api_models.TemplateAPI, "amodel_call", _probed_amodel_call)
     wrap(api_models.TemplateAPI, "model_call", _probed_model_call)

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from probe.runtime.patching import MARKER
+from probe.runtime.log import say
+from probe.runtime.patching import MARKER, mark, wrap
 from probe.runtime.sampling import rank
 
 _SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("lm_eval_probe_sampled_order", default=None)
@@ -41,20 +42,46 @@ def _sample_key(seed: int, request: Any) -> int:
     return rank(seed, repr(prompt))
 
 
-def sampled_collator(original: type) -> type:
-    """A subclass of lm-eval's ``Collator`` that sorts in the sampled order when asked to."""
+def _sorted_by_sample(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A ``Collator``'s arguments with its ``sort_fn`` (first after ``arr``) replaced, in the block."""
+    seed = _SEED.get()
+    if seed is None:
+        return args, kwargs
+    key = lambda request: _sample_key(seed, request)  # noqa: E731
+    if args:
+        return (key, *args[1:]), kwargs
+    return args, {**kwargs, "sort_fn": key}
+
+
+def sampled_collator(original: Any) -> Any:
+    """lm-eval's ``Collator`` (or whatever a pipeline replaced it with) sorting in the sampled
+    order when asked to: a subclass of a class, a wrapper of any other callable."""
+    if not isinstance(original, type):
+
+        def collator(arr: Any, *args: Any, **kwargs: Any) -> Any:
+            args, kwargs = _sorted_by_sample(args, kwargs)
+            return original(arr, *args, **kwargs)
+
+        return mark(collator, original)
 
     class Collator(original):  # type: ignore[misc, valid-type]
         def __init__(self, arr: Any, *args: Any, **kwargs: Any) -> None:
-            seed = _SEED.get()
-            if seed is not None:
-                if args:
-                    args = (lambda request: _sample_key(seed, request), *args[1:])
-                else:
-                    kwargs["sort_fn"] = lambda request: _sample_key(seed, request)
+            args, kwargs = _sorted_by_sample(args, kwargs)
             super().__init__(arr, *args, **kwargs)
 
     Collator.__qualname__ = Collator.__name__ = original.__name__
     Collator.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(Collator, MARKER, True)
     return Collator
+
+
+def install_order(module: Any) -> None:
+    """Patch ``module.Collator`` (idempotent); one line, never an exception, when it cannot be
+    (then that module's requests go in lm-eval's order, and the rest of the probe works)."""
+    try:
+        wrap(module, "Collator", sampled_collator)
+    except Exception as error:
+        say(
+            f"cannot put {getattr(module, '__name__', module)}'s requests in a sampled order ({error!r}); "
+            "they go in lm-eval's order"
+        )

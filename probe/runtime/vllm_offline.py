@@ -32,7 +32,7 @@ from probe.runtime.answers import BLANK, ShortCircuitAnswer
 from probe.runtime.contract import version_tuple
 from probe.runtime.groups import Group, Request
 from probe.runtime.log import say
-from probe.runtime.order import sampled_collator, sampled_order
+from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, replace, wrap
 
 BACKEND = "vllm"
@@ -357,7 +357,7 @@ def install_vllm(vllm_causallms: Any) -> None:
         and callable(getattr(vllm_causallms, "postprocess_generated_text", None))
     ):
         raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
-    wrap(vllm_causallms, "Collator", sampled_collator)
+    install_order(vllm_causallms)
     wrap(cls, "generate_until", _probed_generate_until)
     wrap(cls, "_model_generate", _probed_model_generate)
     if not is_ours(modify):
