@@ -152,3 +152,35 @@ def test_several_prompts_per_request_are_a_random_set_not_a_block_of_lm_evals_lo
     assert probed == unprobed
     assert len(server.requests) == 10
     assert not any(all(server.at_cap(prompt) for prompt in sent) for sent in server.requests)
+
+
+def test_a_collator_a_pipeline_puts_in_after_the_probe_installed_sorts_in_the_sampled_order_too(
+    sim, result_dir
+) -> None:
+    """The probe patched ``Collator`` at install; a pipeline that then puts its own in its
+    place (as parse_generations may be replaced later) would give the rule lm-eval's order
+    again: the 16 longest prompts first, all at the cap, and a healthy run blanked. The probe
+    patches it again at each generate_until, and uninstall leaves the pipeline's in place."""
+    import lm_eval.models.api_models as api_models
+    from lm_eval.models.utils import Collator
+
+    texts = _questions(80)
+    server = _correlated(sim, texts, 0.2)
+    unprobed = _generate(completions(server.base_url, num_concurrent=1), texts)
+
+    class PipelineCollator(Collator):
+        pass
+
+    with probe_installed() as probe:
+        api_models.Collator = PipelineCollator
+        try:
+            probed = _generate(completions(server.base_url, num_concurrent=1), texts)
+            document = probe.evidence_document()
+        finally:
+            from probe.runtime import install
+
+            install.uninstall()
+            kept = api_models.Collator
+            api_models.Collator = Collator
+    assert document["tripped"] is False and probed == unprobed
+    assert kept is PipelineCollator

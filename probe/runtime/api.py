@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 import inspect
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from probe.runtime import state
@@ -234,7 +235,7 @@ def observe_parser(cls: type) -> bool:
     return True
 
 
-def _registering_generate_until(original: Callable) -> Callable:
+def _registering_generate_until(original: Callable, api_models: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         probe = state.ACTIVE
         if probe is not None:
@@ -246,7 +247,7 @@ def _registering_generate_until(original: Callable) -> Callable:
         # time (the gate cannot choose), and on the async path with batch_size > 1 the gate
         # chooses only which requests go first, not which prompts each holds (in lm-eval's
         # order, a block of neighbouring lengths: a cluster sample, not a uniform one).
-        with sampled_order(probe.gates.sampling.seed if probe is not None else None):
+        with sampled_order(probe.gates.sampling.seed if probe is not None else None, api_models):
             return original(self, requests, *args, **kwargs)
 
     return mark(generate_until, original)
@@ -259,6 +260,6 @@ def is_installed(api_models: Any) -> bool:
 def install_api(api_models: Any) -> None:
     """Patch ``TemplateAPI``'s two request paths, and learn each prompt's task (idempotent)."""
     install_order(api_models)
-    wrap(api_models.TemplateAPI, "generate_until", _registering_generate_until)
+    wrap(api_models.TemplateAPI, "generate_until", partial(_registering_generate_until, api_models=api_models))
     wrap(api_models.TemplateAPI, "amodel_call", _probed_amodel_call)
     wrap(api_models.TemplateAPI, "model_call", _probed_model_call)

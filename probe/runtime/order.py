@@ -26,8 +26,12 @@ _SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("lm_eval_prob
 
 
 @contextmanager
-def sampled_order(seed: int | None) -> Iterator[None]:
-    """Collators made in the block sort by ``seed`` (None: as lm-eval says)."""
+def sampled_order(seed: int | None, module: Any = None) -> Iterator[None]:
+    """Collators made in the block sort by ``seed`` (None: as lm-eval says). With a seed,
+    ``module.Collator`` is patched first if it is not ours: a pipeline may have replaced it
+    after the probe installed, and its requests would go in lm-eval's order again."""
+    if seed is not None and module is not None:
+        install_order(module)
     token = _SEED.set(seed)
     try:
         yield

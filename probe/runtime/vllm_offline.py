@@ -25,6 +25,7 @@ import contextvars
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from probe.runtime import state
@@ -168,7 +169,7 @@ _CALL: contextvars.ContextVar[EngineCall | None] = contextvars.ContextVar("lm_ev
 _UNHOOKABLE: set[type] = set()  # engine classes that could not be hooked: said once, not retried
 
 
-def _probed_generate_until(original: Callable) -> Callable:
+def _probed_generate_until(original: Callable, vllm_causallms: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         prompts = None
         if state.ACTIVE is not None:
@@ -179,7 +180,8 @@ def _probed_generate_until(original: Callable) -> Callable:
                 state.ACTIVE.errors.report("vllm generate_until", error)
         token = _PROMPTS.set(prompts)
         try:
-            with sampled_order(state.ACTIVE.gates.sampling.seed if prompts is not None else None):
+            seed = state.ACTIVE.gates.sampling.seed if prompts is not None else None
+            with sampled_order(seed, vllm_causallms):
                 return original(self, requests, *args, **kwargs)
         finally:
             _PROMPTS.reset(token)
@@ -358,7 +360,7 @@ def install_vllm(vllm_causallms: Any) -> None:
     ):
         raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
     install_order(vllm_causallms)
-    wrap(cls, "generate_until", _probed_generate_until)
+    wrap(cls, "generate_until", partial(_probed_generate_until, vllm_causallms=vllm_causallms))
     wrap(cls, "_model_generate", _probed_model_generate)
     if not is_ours(modify):
         replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
