@@ -184,3 +184,24 @@ def test_a_collator_a_pipeline_puts_in_after_the_probe_installed_sorts_in_the_sa
             api_models.Collator = Collator
     assert document["tripped"] is False and probed == unprobed
     assert kept is PipelineCollator
+
+
+def test_repeats_of_one_prompt_that_runs_to_the_cap_do_not_trip_the_sync_path(sim, result_dir) -> None:
+    """20 prompts, each sampled 16 times (lm-eval's ``repeats``); the copies of the one the
+    sampled order puts first all run to the cap (5% of the answers). Sent together, those 16
+    copies alone were the first 16 observations: a trip, and 304 healthy answers blanked."""
+    from probe.runtime.order import _sample_key
+
+    texts = [f"Question {i}: What is {i} + {2 * i + 1}?\nAnswer:" for i in range(20)]
+    first = min(texts, key=lambda text: _sample_key(0, text))
+    server = sim("healthy", loop_marker=first.split(":")[0] + ":")
+    requests = [
+        Instance(request_type="generate_until", doc={}, arguments=(text, dict(GEN_KWARGS)), idx=0, repeats=16)
+        for text in texts
+    ]
+    repeated = [request for request in requests for _ in range(16)]
+    unprobed = completions(server.base_url, num_concurrent=1).generate_until(repeated)
+    with probe_installed() as probe:
+        probed = completions(server.base_url, num_concurrent=1).generate_until(repeated)
+        document = probe.evidence_document()
+    assert document["tripped"] is False and probed == unprobed

@@ -108,3 +108,14 @@ def test_a_pipeline_subclass_of_the_probes_collator_survives_uninstall(sim, resu
         assert api_models.Collator is PipelineCollator
     finally:
         api_models.Collator = original
+
+
+def test_copies_of_one_prompt_are_spread_over_the_order_not_sent_together() -> None:
+    """lm-eval's ``repeats`` (self-consistency tasks sample one prompt many times) pass the same
+    prompt several times: keyed by the prompt alone, its copies sort next to each other, and the
+    first 16 sent are one prompt 16 times (a sample of one prompt, not of the group)."""
+    requests = [(f"prompt {i}", KWARGS) for i in range(20) for _ in range(16)]
+    sent, answers = _sent(requests, 0)
+    assert len({prompt for prompt, _ in sent[:16]}) >= 6
+    assert sorted(sent) == sorted(requests)
+    assert answers == [f"answer to {r[0]}" for r in requests]

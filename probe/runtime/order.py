@@ -14,7 +14,7 @@ still puts the answers back in lm-eval's order, so no answer moves, and none cha
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,11 +39,25 @@ def sampled_order(seed: int | None, module: Any = None) -> Iterator[None]:
         _SEED.reset(token)
 
 
-def _sample_key(seed: int, request: Any) -> int:
+def _sample_key(seed: int, request: Any, copy: int = 0) -> int:
     # lm-eval's requests are (prompt, gen_kwargs, ...) tuples; the prompt alone decides, so the
     # order does not depend on the order lm-eval passed them in.
     prompt = request[0] if isinstance(request, tuple) and request else request
-    return rank(seed, repr(prompt))
+    return rank(seed, f"{prompt!r}\0{copy}" if copy else repr(prompt))
+
+
+def _sample_sort(seed: int) -> Callable[[Any], int]:
+    """A ``sort_fn`` in the sampled order. The n-th copy of a prompt (lm-eval's ``repeats``
+    pass one prompt many times) gets a key of its own: keyed by the prompt alone, the copies
+    sort next to each other, and the first observations are one prompt many times over."""
+    copies: dict[str, int] = {}
+
+    def key(request: Any) -> int:
+        prompt = repr(request[0] if isinstance(request, tuple) and request else request)
+        copy = copies[prompt] = copies.get(prompt, -1) + 1
+        return _sample_key(seed, request, copy)
+
+    return key
 
 
 def _sorted_by_sample(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -51,7 +65,7 @@ def _sorted_by_sample(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     seed = _SEED.get()
     if seed is None:
         return args, kwargs
-    key = lambda request: _sample_key(seed, request)  # noqa: E731
+    key = _sample_sort(seed)
     if args:
         return (key, *args[1:]), kwargs
     return args, {**kwargs, "sort_fn": key}
