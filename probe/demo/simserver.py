@@ -8,6 +8,8 @@ behaves like a chosen kind of model:
   its length profile says: ``short`` (a few), ``lognormal`` (around 300, as chat answers
   vary) or ``reasoning`` (around 3,000, as a thinking model's do), fixed per prompt;
 - ``mixed``: a chosen fraction of prompts (picked by a hash of the prompt) runs to the cap;
+  with ``cap_min_chars``, the prompts at least that long do instead (cap-hitting that
+  follows prompt length, as lm-eval sends the longest first);
 - ``repetition``: vLLM's repetition detector ends every generation (``repetition``);
 - ``window``: every generation hits the context window (``length`` below ``max_tokens``);
 - ``hidden_cap``: every generation runs to ``max_tokens`` but is reported as ``stop`` (a
@@ -18,7 +20,10 @@ behaves like a chosen kind of model:
 - ``malformed``: well-formed HTTP, nonsense JSON bodies.
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
-broken, against one server).
+broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
+requests are answered with that ``finish_reason`` instead (``"error"``, ``"timeout"``, any
+string), with no choices at all (``"no_choices"``) or with a nonsense body (``"malformed"``),
+whatever the mode.
 
 A token clock (seconds per generated token) makes generations take time; when a client
 drops a request, the tokens generated so far are counted and the request is counted
@@ -119,6 +124,9 @@ class SimServer:
         jitter: float = 0.0,
         loop_marker: str | None = None,
         lengths: str = "short",
+        cap_min_chars: int | None = None,
+        first_n: int = 0,
+        first_reason: str = "error",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -132,6 +140,9 @@ class SimServer:
         self.port = port
         self.jitter = jitter
         self.loop_marker = loop_marker
+        self.cap_min_chars = cap_min_chars
+        self.first_n = first_n
+        self.first_reason = first_reason
         self.stats = Stats()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -217,6 +228,9 @@ class SimServer:
         with self._lock:
             self.stats.generate_requests += 1
             self.stats.generate_request_times.append(time.time())
+            first = self.stats.generate_requests <= self.first_n
+        if first:
+            return self._first_answer(prompts, chat)
         if self.mode == "malformed":
             return web.json_response(self.malformed_body)
         plans = [self._plan(prompt, max_tokens) for prompt in prompts]
@@ -245,8 +259,23 @@ class SimServer:
         )
 
     def at_cap(self, prompt: str) -> bool:
-        """Whether this server runs ``prompt`` to the cap (in mixed mode, by its hash)."""
-        return self.mode == "mixed" and _at_cap(prompt, self.cap_fraction)
+        """Whether this server runs ``prompt`` to the cap (in mixed mode, by its hash or length)."""
+        if self.mode != "mixed":
+            return False
+        if self.cap_min_chars is not None:
+            return len(prompt) >= self.cap_min_chars
+        return _at_cap(prompt, self.cap_fraction)
+
+    def _first_answer(self, prompts: list[str], chat: bool) -> web.Response:
+        """One of the first ``first_n`` answers: every choice ends with ``first_reason``."""
+        if self.first_reason == "malformed":
+            return web.json_response(self.malformed_body)
+        if self.first_reason == "no_choices":
+            return web.json_response({"id": "sim", "choices": [], "usage": {"completion_tokens": 0}})
+        choices = [
+            {"index": i, "finish_reason": self.first_reason, **self._body("", chat)} for i in range(len(prompts))
+        ]
+        return web.json_response({"id": "sim", "choices": choices, "usage": {"completion_tokens": 0}})
 
     def _body(self, text: str, chat: bool) -> dict[str, Any]:
         """A choice's text (completions) or message (chat), as each mode's server sends it."""
@@ -267,7 +296,7 @@ class SimServer:
             return "", 1, "stop"
         if self.mode == "hidden_cap":
             return " and" * max_tokens, max_tokens, "stop"
-        if self.mode == "healthy" or (self.mode == "mixed" and not _at_cap(prompt, self.cap_fraction)):
+        if self.mode == "healthy" or (self.mode == "mixed" and not self.at_cap(prompt)):
             answer = healthy_answer(prompt)
             tokens = answer_tokens(prompt, self.lengths, answer)
             # Only the token count follows the profile; the text stays the answer, so that

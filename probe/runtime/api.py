@@ -4,6 +4,9 @@
   learns from each finished call), runs as a task of its own so that a trip can cancel it,
   and answers blank once its group has tripped.
 - ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
+- ``generate_until`` sorts a group's requests in a seeded sample order instead of lm-eval's
+  longest first (``order``), on both paths: what the sync path sends next, and which prompts
+  share a request when ``batch_size > 1``.
 - Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
 """
 
@@ -13,6 +16,7 @@ import asyncio
 import contextvars
 import inspect
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from probe.runtime import state
@@ -20,6 +24,7 @@ from probe.runtime.answers import BLANK, ShortCircuitedResponse
 from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
 from probe.runtime.integration import Integration
+from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import MARKER, is_ours, mark, replace, restore_where, wrap
 from probe.runtime.versions import LM_EVAL
 
@@ -101,7 +106,7 @@ async def _run_async(
     if group.tripped:
         return probe.blanks(request)
     try:
-        gate = probe.gates.for_running_loop(lm, request.is_evidence)
+        gate = probe.gates.for_running_loop(lm, request.is_evidence, group.key)
     except Exception as error:
         probe.errors.report("gate", error)
         gate = None
@@ -232,7 +237,7 @@ def observe_parser(cls: type) -> bool:
     return True
 
 
-def _registering_generate_until(original: Callable) -> Callable:
+def _registering_generate_until(original: Callable, api_models: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         probe = state.ACTIVE
         if probe is not None:
@@ -240,7 +245,12 @@ def _registering_generate_until(original: Callable) -> Callable:
                 probe.register(requests)
             except Exception as error:
                 probe.errors.report("generate_until", error)
-        return original(self, requests, *args, **kwargs)
+        # lm-eval's order is replaced on both paths: the sync path sends one request at a
+        # time (the gate cannot choose), and on the async path with batch_size > 1 the gate
+        # chooses only which requests go first, not which prompts each holds (in lm-eval's
+        # order, a block of neighbouring lengths: a cluster sample, not a uniform one).
+        with sampled_order(probe.gates.sampling.seed if probe is not None else None, api_models):
+            return original(self, requests, *args, **kwargs)
 
     return mark(generate_until, original)
 
@@ -254,15 +264,22 @@ _PATCHED = ("generate_until", "amodel_call", "model_call")
 
 def install_api(api_models: Any) -> None:
     """Patch ``TemplateAPI``'s two request paths, and learn each prompt's task (idempotent)."""
-    wrap(api_models.TemplateAPI, "generate_until", _registering_generate_until)
+    install_order(api_models)
+    wrap(api_models.TemplateAPI, "generate_until", partial(_registering_generate_until, api_models=api_models))
     wrap(api_models.TemplateAPI, "amodel_call", _probed_amodel_call)
     wrap(api_models.TemplateAPI, "model_call", _probed_model_call)
 
 
 def uninstall_api(api_models: Any) -> None:
-    """Restore ``TemplateAPI``'s request paths and every parser made to observe."""
+    """Restore ``TemplateAPI``'s request paths, the module's ``Collator`` and every parser made to observe."""
     template = api_models.TemplateAPI
-    restore_where(lambda owner, name: (owner is template and name in _PATCHED) or name == "parse_generations")
+    restore_where(
+        lambda owner, name: (
+            (owner is template and name in _PATCHED)
+            or (owner is api_models and name == "Collator")
+            or name == "parse_generations"
+        )
+    )
 
 
 INTEGRATION = Integration(

@@ -18,7 +18,13 @@ def mark(function: Callable, original: Any) -> Callable:
 
 
 def is_ours(raw: Any) -> bool:
-    """Whether a raw class attribute (function, staticmethod, ...) is one of our wrappers."""
+    """Whether a raw attribute (function, staticmethod, class, ...) is one of our wrappers.
+
+    A class is ours only when it carries the marker itself: a pipeline's subclass of one of
+    our classes inherits the attribute, and is theirs.
+    """
+    if isinstance(raw, type):
+        return bool(raw.__dict__.get(MARKER, False))
     return getattr(getattr(raw, "__func__", raw), MARKER, False)
 
 

@@ -218,6 +218,7 @@ class Probe:
                 "pid": os.getpid(),
                 "settings": self.settings.as_dict(),
                 "settings_fingerprint": settings_fingerprint(self.settings),
+                "sampling": self.gates.sampling.as_dict(),
                 "tripped": bool(tripped_groups),
                 "sidecar": self.ownership.path,
                 "tasks": dict(sorted(tasks.items())),

@@ -10,6 +10,9 @@ them with ``--batch_size auto``); vLLM adds one engine request per prompt, then 
 - on a trip, ``abort_request`` ends the tripped group's unfinished requests at once (their
   KV cache is freed), and lm-eval gets a blank answer for each, in order.
 
+lm-eval hands the engine its prompts longest first, and the engine finishes the first ones
+first: while ``generate_until`` runs, lm-eval's ordering is replaced by a seeded sample order
+(``order``), so the observations the rule judges are a uniform sample, chunk by chunk too.
 A prompt whose group tripped in an earlier chunk is never sent. When the engine lacks those
 methods, or hooking fails, one line says so and generation runs unprobed. Loglikelihood is
 never touched. ``data_parallel_size > 1`` runs one engine per Ray worker, in processes out of
@@ -22,6 +25,7 @@ import contextvars
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from probe.runtime import state
@@ -29,6 +33,7 @@ from probe.runtime.answers import BLANK, ShortCircuitAnswer
 from probe.runtime.groups import Group, Request
 from probe.runtime.integration import Integration
 from probe.runtime.log import say
+from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, replace, restore_where, wrap
 from probe.runtime.versions import LM_EVAL, VLLM
 
@@ -163,7 +168,7 @@ _CALL: contextvars.ContextVar[EngineCall | None] = contextvars.ContextVar("lm_ev
 _UNHOOKABLE: set[type] = set()  # engine classes that could not be hooked: said once, not retried
 
 
-def _probed_generate_until(original: Callable) -> Callable:
+def _probed_generate_until(original: Callable, vllm_causallms: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         prompts = None
         if state.ACTIVE is not None:
@@ -174,7 +179,9 @@ def _probed_generate_until(original: Callable) -> Callable:
                 state.ACTIVE.errors.report("vllm generate_until", error)
         token = _PROMPTS.set(prompts)
         try:
-            return original(self, requests, *args, **kwargs)
+            seed = state.ACTIVE.gates.sampling.seed if prompts is not None else None
+            with sampled_order(seed, vllm_causallms):
+                return original(self, requests, *args, **kwargs)
         finally:
             _PROMPTS.reset(token)
 
@@ -345,7 +352,8 @@ def install_vllm(vllm_causallms: Any) -> None:
         and callable(getattr(vllm_causallms, "postprocess_generated_text", None))
     ):
         raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
-    wrap(cls, "generate_until", _probed_generate_until)
+    install_order(vllm_causallms)
+    wrap(cls, "generate_until", partial(_probed_generate_until, vllm_causallms=vllm_causallms))
     wrap(cls, "_model_generate", _probed_model_generate)
     if not is_ours(modify):
         replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
