@@ -8,6 +8,7 @@ from pathlib import Path
 
 from support.importtime import sitecustomize_cost
 from support.procs import PYTHON
+from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import METRIC, offline_env, task_name
 from probe.inject import sitecustomize_text
@@ -20,7 +21,7 @@ def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_toke
 
 
 def score(output: Path) -> float:
-    (results,) = output.glob("*/results_*.json")
+    (results,) = written_by_lm_eval(output, "results_*.json")
     return json.loads(results.read_text())["results"][task_name()][METRIC]
 
 
@@ -55,7 +56,7 @@ def test_use_cache_then_unprobed_rerun_gets_real_answers(sim, site_dir, local_ta
         None, healthy, local_task, tmp_path / "b", "--use_cache", cache, "--log_samples", HYPERLOOM_EVAL_PROBE="0"
     )
     assert second.returncode == 0, second.stderr[-2000:]
-    (samples,) = (tmp_path / "b").glob(f"*/samples_{task_name()}_*.jsonl")
+    (samples,) = written_by_lm_eval(tmp_path / "b", f"samples_{task_name()}_*.jsonl")
     responses = [json.loads(line)["resps"][0][0] for line in samples.read_text().splitlines()]
     # Only the blanks were kept out of the cache: the real (never-stopping) answers replay,
     # and every short-circuited request is asked again, of the now healthy server.

@@ -80,7 +80,9 @@ class LocalTask:
         """``python -m lm_eval`` on this task (and the tasks in ``also``, in the same run)
         against the completions endpoint at ``base_url``.
 
-        ``model_args`` adds to lm-eval's ``--model_args``; ``extra`` goes at the end.
+        ``model_args`` adds to lm-eval's ``--model_args``; ``extra`` goes at the end. Several
+        tasks must have been written into one directory that holds no other task YAML (see
+        :func:`tasks_arguments`).
         """
         arguments = (
             f"model={model},base_url={base_url}/v1/completions,num_concurrent={concurrency},"
@@ -88,7 +90,7 @@ class LocalTask:
         )
         return [
             sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", arguments,
-            "--tasks", ",".join(str(t.yaml) for t in (self, *also)), "--output_path", str(output),
+            *tasks_arguments((self, *also)), "--output_path", str(output),
             "--gen_kwargs", f"max_tokens={max_tokens}",
             *extra,
         ]  # fmt: skip
@@ -110,6 +112,18 @@ class LocalTask:
             "--model", "vllm", "--model_args", model_args, "--batch_size", "auto", "--tasks", str(self.yaml),
             "--output_path", str(output), "--gen_kwargs", f"max_gen_toks={max_tokens}", *extra,
         ]  # fmt: skip
+
+
+def tasks_arguments(tasks: tuple[LocalTask, ...]) -> list[str]:
+    """lm-eval's ``--tasks`` for ``tasks``: one YAML file, or for several their one directory, as
+    InferenceX passes its tasks. InferenceX's lm-eval (b315ef3) takes ``--tasks a,b`` for one name."""
+    if len(tasks) == 1:
+        return ["--tasks", str(tasks[0].yaml)]
+    folders = {task.yaml.parent for task in tasks}
+    if len(folders) != 1:
+        raise ValueError(f"several tasks run together must be written into one directory, not {sorted(folders)}")
+    (folder,) = folders
+    return ["--tasks", str(folder)]
 
 
 _STYLES = {
