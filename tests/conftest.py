@@ -5,10 +5,12 @@ Helpers that tests import live in ``tests/support/``; this file holds fixtures o
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.inferencex import FIXTURES, SHAPES
 from support.lm import probe_installed
 from support.procs import PROBE_VARS, probe_site
 
@@ -62,3 +64,10 @@ def local_task(tmp_path: Path) -> LocalTask:
 def site_dir(tmp_path: Path) -> Path:
     """A directory holding the probe's own sitecustomize.py, for subprocesses."""
     return probe_site(tmp_path / "site")
+
+
+@pytest.fixture(params=SHAPES)
+def tree(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A copy of one InferenceX-shaped fixture tree; returns its benchmark_lib.sh."""
+    shutil.copytree(FIXTURES / request.param, tmp_path / request.param)
+    return tmp_path / request.param / "benchmarks" / "benchmark_lib.sh"
