@@ -6,6 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from support.importtime import sitecustomize_cost
 from support.procs import PYTHON
 from support.resultfiles import written_by_lm_eval
@@ -108,3 +109,42 @@ def test_bad_knob_warns_once_in_a_real_process(site_dir) -> None:
     run = subprocess.run([PYTHON, "-c", check], env=env, capture_output=True, text=True)
     assert run.returncode == 0
     assert run.stderr.count("HYPERLOOM_EVAL_PROBE_MIN_SAMPLES='lots'") == 1
+
+
+# However lm-eval's API model module is first imported. InferenceX's lm-eval (b315ef3) and 0.4.13
+# load the model registry lazily (a name maps to "module:Class" until it is asked for); the 0.4.9.2
+# release imports every model module with lm_eval.models.
+FIRST_IMPORTS = {
+    "the API module": "import lm_eval.models.api_models",
+    "a model module": "from lm_eval.models.openai_completions import LocalChatCompletion",
+    "the lazy registry": "from lm_eval.api.registry import get_model\nget_model('local-completions')",
+    "the models package, then the registry": (
+        "import lm_eval.models\nfrom lm_eval.api.registry import get_model\nget_model('local-chat-completions')"
+    ),
+    "importlib": "import importlib\nimportlib.import_module('lm_eval.models.openai_completions')",
+    "the evaluator": "import lm_eval.evaluator",
+}
+PROBED = (
+    "import sys\nfrom lm_eval.api.registry import get_model\n"
+    "print(getattr(get_model('local-completions').amodel_call, '__lm_eval_probe__', False),"
+    " '_hyperloom_eval_probe' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize("first", FIRST_IMPORTS.values(), ids=FIRST_IMPORTS.keys())
+def test_the_probe_loads_however_lm_evals_api_models_are_first_imported(site_dir, first: str) -> None:
+    run = subprocess.run([PYTHON, "-c", f"{first}\n{PROBED}"], env=offline_env(site_dir), capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "True"], run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("first", ["import lm_eval", "import lm_eval.models", "import lm_eval.api.registry"])
+def test_the_runtime_loads_exactly_when_lm_evals_api_module_does(site_dir, first: str) -> None:
+    """A lazy registry imports no model module until a model is asked for: nor does the probe wake."""
+    loaded = "print('lm_eval.models.api_models' in sys.modules, '_hyperloom_eval_probe' in sys.modules)"
+    check = f"{first}\nimport sys\n{loaded}"
+    run = subprocess.run([PYTHON, "-c", check], env=offline_env(site_dir), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    api_loaded, probe_loaded = run.stdout.split()
+    assert api_loaded == probe_loaded, run.stdout
