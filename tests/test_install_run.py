@@ -76,7 +76,8 @@ ENTRIES = [
 
 
 def real_output_path(arguments: list[str]) -> str | None:
-    """What the lm-eval installed here (0.4.9.2 or 0.4.13) takes as its output path."""
+    """What the lm-eval installed here (InferenceX's lm-eval (b315ef3), a release from 0.4.10 on, or
+    the 0.4.9.2 release) takes as its output path."""
     try:
         from lm_eval._cli.harness import HarnessCLI
 
@@ -103,7 +104,7 @@ def test_output_path_is_read_the_way_lm_eval_reads_it(arguments: list[str], expe
 # decide. InferenceX's lm-eval (b315ef3) takes exactly one value after --cache_requests (0.4.13:
 # one or none), none after --tasks (0.4.13: at least one) and has no --trackio_args (so --tr is
 # --trust_remote_code there, ambiguous in 0.4.13); the 0.4.9.2 release is like b315ef3 in the first
-# and the last. In every one of them, reading with 0.4.13's table would be wrong for one of these.
+# and the last. Read with 0.4.13's table, all three would be wrong for b315ef3, two for the release.
 TABLE_DEPENDENT = [["--cache_requests", "-o", "/r"], ["--tasks", "-o", "/r"], ["--tr", "-o", "/r"]]
 
 

@@ -23,9 +23,10 @@ COUNT_MARKER = "Count:"
 # Variables of the caller's shell that must not leak into a run: the probe's knobs, where
 # its sidecar goes, and any PYTHONPATH (which could carry another sitecustomize.py).
 _NOT_INHERITED = ("PYTHONPATH", "RESULT_DIR", "EVAL_RESULT_DIR")
-# lm-eval 0.4.9.x's CLI logs each task's YAML path relative to its own tasks folder, and
-# fails for a task whose name it does not know (measured on 0.4.9.2; 0.4.13 is fixed).
-# There the task borrows a built-in name, exactly as InferenceX's gsm8k.yaml does.
+# The 0.4.9.2 release's CLI logs each task's YAML path relative to its own tasks folder, and
+# fails for a task whose name it does not know; InferenceX's lm-eval (b315ef3, which also calls
+# itself 0.4.9.2) fails listing it (0.4.12 and 0.4.13, tested here, are fixed). There the task borrows a
+# built-in name, exactly as InferenceX's gsm8k.yaml does.
 BORROWED_NAMES = {TASK: "gsm8k", SECOND_TASK: "gsm8k_cot"}
 METRIC = "exact_match,strict-match"
 

@@ -20,7 +20,9 @@ def untested_warning(version: str | None) -> str | None:
     if version is None or is_tested_lm_eval(version):
         return None
     low, high = (".".join(map(str, v)) for v in TESTED_LM_EVAL)
+    # InferenceX's lm-eval, commit b315ef3, calls itself 0.4.9.2 and is tested too: say so.
     return (
-        f"lm-eval {version} is outside the releases this probe was tested with ({low} to {high}); "
-        "the probe stays active, but check its findings, and report a problem if you see one"
+        f"lm-eval {version} is outside what this probe was tested with (the releases {low} to {high}, and "
+        "InferenceX's lm-eval (b315ef3), which calls itself 0.4.9.2); the probe stays active, but check its "
+        "findings, and report a problem if you see one"
     )
