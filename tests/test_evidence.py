@@ -197,4 +197,4 @@ def test_untested_lm_eval_releases_are_warned_about(found: str, warned: bool) ->
     warning = versions.LM_EVAL.warning(found)
     assert (warning is not None) is warned
     if warned:
-        assert found in warning and "0.4.9.2 to 0.4.13" in warning
+        assert found in warning and "the releases 0.4.9.2 to 0.4.13" in warning and "(b315ef3)" in warning

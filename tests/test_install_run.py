@@ -76,7 +76,8 @@ ENTRIES = [
 
 
 def real_output_path(arguments: list[str]) -> str | None:
-    """What the lm-eval installed here (0.4.9.2 or 0.4.13) takes as its output path."""
+    """What the lm-eval installed here (InferenceX's lm-eval (b315ef3), a release from 0.4.10 on, or
+    the 0.4.9.2 release) takes as its output path."""
     try:
         from lm_eval._cli.harness import HarnessCLI
 
@@ -97,6 +98,20 @@ def test_output_path_is_read_the_way_lm_eval_reads_it(arguments: list[str], expe
     for entry in ENTRIES:
         assert output_path_in([*entry, *arguments]) == expected, entry
         assert output_path_in([*entry, *arguments], lmeval_args.FALLBACK) == expected, entry  # without lm-eval
+
+
+# Words the lm-evals' own parsers read differently: the table of the lm-eval installed here must
+# decide. InferenceX's lm-eval (b315ef3) takes exactly one value after --cache_requests (0.4.13:
+# one or none), none after --tasks (0.4.13: at least one) and has no --trackio_args (so --tr is
+# --trust_remote_code there, ambiguous in 0.4.13); the 0.4.9.2 release is like b315ef3 in the first
+# and the last. Read with 0.4.13's table, all three would be wrong for b315ef3, two for the release.
+TABLE_DEPENDENT = [["--cache_requests", "-o", "/r"], ["--tasks", "-o", "/r"], ["--tr", "-o", "/r"]]
+
+
+@pytest.mark.parametrize("arguments", TABLE_DEPENDENT)
+def test_output_path_is_read_with_the_installed_lm_evals_own_table(arguments: list[str]) -> None:
+    for entry in ENTRIES:
+        assert output_path_in([*entry, *arguments]) == real_output_path(arguments), entry
 
 
 def test_the_fallback_table_is_lm_eval_0_4_13s_own() -> None:
@@ -135,6 +150,23 @@ def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> No
     assert "summary: TRIPPED (non_terminating): 16/16" in run.stderr
     assert (output / contract.SIDECAR_NAME).exists()
     assert ours(tmp_path / "scratch") == []  # the temporary site dir is gone
+
+
+def test_run_with_lm_evals_run_subcommand_and_a_prefix_of_output_path(sim, local_task, tmp_path: Path) -> None:
+    """``lm-eval run ... --output DIR``: the subcommand form of InferenceX's lm-eval (b315ef3) and of
+    0.4.10 on, through its console script where this environment has one, else ``-m lm_eval run``."""
+    pytest.importorskip("lm_eval._cli.harness", reason="the 0.4.9.2 release has no subcommands")
+    server = sim("never_stop")
+    output = tmp_path / "out"
+    arguments = local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16)[3:]  # after -m lm_eval
+    arguments[arguments.index("--output_path")] = "--output"  # a prefix lm-eval accepts, and so must we
+    script = Path(PYTHON).parent / "lm-eval"
+    entry = [str(script)] if script.exists() else [PYTHON, "-m", "lm_eval"]
+    run = eval_probe_run(tmp_path, *entry, "run", *arguments)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"sidecar and results go to {output}" in run.stderr
+    assert "summary: TRIPPED (non_terminating): 16/16" in run.stderr
+    assert (output / contract.SIDECAR_NAME).exists()
 
 
 def test_run_reports_what_it_observed_when_it_did_not_trip(sim, local_task, tmp_path: Path) -> None:

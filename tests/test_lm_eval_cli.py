@@ -6,8 +6,10 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from support.importtime import sitecustomize_cost
 from support.procs import PYTHON
+from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import METRIC, offline_env, task_name
 from probe.inject import sitecustomize_text
@@ -20,7 +22,7 @@ def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_toke
 
 
 def score(output: Path) -> float:
-    (results,) = output.glob("*/results_*.json")
+    (results,) = written_by_lm_eval(output, "results_*.json")
     return json.loads(results.read_text())["results"][task_name()][METRIC]
 
 
@@ -55,7 +57,7 @@ def test_use_cache_then_unprobed_rerun_gets_real_answers(sim, site_dir, local_ta
         None, healthy, local_task, tmp_path / "b", "--use_cache", cache, "--log_samples", HYPERLOOM_EVAL_PROBE="0"
     )
     assert second.returncode == 0, second.stderr[-2000:]
-    (samples,) = (tmp_path / "b").glob(f"*/samples_{task_name()}_*.jsonl")
+    (samples,) = written_by_lm_eval(tmp_path / "b", f"samples_{task_name()}_*.jsonl")
     responses = [json.loads(line)["resps"][0][0] for line in samples.read_text().splitlines()]
     # Only the blanks were kept out of the cache: the real (never-stopping) answers replay,
     # and every short-circuited request is asked again, of the now healthy server.
@@ -107,3 +109,41 @@ def test_bad_knob_warns_once_in_a_real_process(site_dir) -> None:
     run = subprocess.run([PYTHON, "-c", check], env=env, capture_output=True, text=True)
     assert run.returncode == 0
     assert run.stderr.count("HYPERLOOM_EVAL_PROBE_MIN_SAMPLES='lots'") == 1
+
+
+# However lm-eval's API model module is first imported. InferenceX's lm-eval (b315ef3) and 0.4.13
+# load the model registry lazily (a name maps to "module:Class" until it is asked for); the 0.4.9.2
+# release imports every model module with lm_eval.models.
+FIRST_IMPORTS = {
+    "the API module": "import lm_eval.models.api_models",
+    "a model module": "from lm_eval.models.openai_completions import LocalChatCompletion",
+    "the registry": "import lm_eval.models\nfrom lm_eval.api.registry import get_model\nget_model('local-completions')",
+    "importlib": "import importlib\nimportlib.import_module('lm_eval.models.openai_completions')",
+    "the evaluator": "import lm_eval.evaluator",
+}
+# The model lm-eval's registry hands out is the probed one. (The 0.4.9.2 release's get_model does
+# not import lm_eval.models itself.)
+PROBED = (
+    "import sys\nimport lm_eval.models\nfrom lm_eval.api.registry import get_model\n"
+    "print(getattr(get_model('local-chat-completions').amodel_call, '__lm_eval_probe__', False),"
+    " '_hyperloom_eval_probe' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize("first", FIRST_IMPORTS.values(), ids=FIRST_IMPORTS.keys())
+def test_the_probe_loads_however_lm_evals_api_models_are_first_imported(site_dir, first: str) -> None:
+    run = subprocess.run([PYTHON, "-c", f"{first}\n{PROBED}"], env=offline_env(site_dir), capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "True"], run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("first", ["import lm_eval", "import lm_eval.models", "import lm_eval.api.registry"])
+def test_the_runtime_loads_exactly_when_lm_evals_api_module_does(site_dir, first: str) -> None:
+    """A lazy registry imports no model module until a model is asked for: nor does the probe wake."""
+    loaded = "print('lm_eval.models.api_models' in sys.modules, '_hyperloom_eval_probe' in sys.modules)"
+    check = f"{first}\nimport sys\n{loaded}"
+    run = subprocess.run([PYTHON, "-c", check], env=offline_env(site_dir), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    api_loaded, probe_loaded = run.stdout.split()
+    assert api_loaded == probe_loaded, run.stdout

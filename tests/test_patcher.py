@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.inferencex import FIXTURES
 from support.procs import PYTHON, unprivileged
 
 from patcher import benchlib, errors
@@ -19,10 +20,8 @@ from probe.inject import body_digest, payload, sitecustomize_text
 from probe.runtime import contract
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh). The test
-# that runs real lm-eval on a patched script is in test_patcher_lm_eval.py, run against each release.
+# that runs real lm-eval on a patched script is in test_inferencex_flow.py.
 pytestmark = pytest.mark.release_independent
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def eval_probe(*args: str, **kwargs) -> subprocess.CompletedProcess:

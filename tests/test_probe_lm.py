@@ -392,7 +392,7 @@ def test_an_untested_lm_eval_is_warned_about_once_and_still_probed(result_dir, m
         assert patching.is_ours(api_models.TemplateAPI.__dict__["amodel_call"])
     finally:
         install.uninstall()
-    assert capsys.readouterr().err.count("lm-eval 0.9.0 is outside the releases this probe was tested with") == 1
+    assert capsys.readouterr().err.count("lm-eval 0.9.0 is outside what this probe was tested with") == 1
 
 
 class _CallableParser:

@@ -15,6 +15,7 @@ import pytest
 from lm_eval.api.instance import Instance
 from support.lm import GEN_KWARGS, chat, completions, prompts
 from support.procs import PYTHON, probe_site
+from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import COUNT_MARKER, METRIC, SECOND_TASK, TASK, offline_env, write_task
 from probe.demo.simserver import SimServer
@@ -28,12 +29,12 @@ def read_cli(output: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def results_of(output: Path) -> dict:
-    (path,) = output.glob("*/results_*.json")
+    (path,) = written_by_lm_eval(output, "results_*.json")
     return json.loads(path.read_text())
 
 
 def samples_of(output: Path, task: str) -> list[str]:
-    (path,) = output.glob(f"*/samples_{task}_20*.jsonl")  # the time follows: gsm8k is not gsm8k_cot
+    (path,) = written_by_lm_eval(output, f"samples_{task}_20*.jsonl")  # the time follows: gsm8k is not gsm8k_cot
     rows = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["doc_id"])
     return [row["resps"][0][0] for row in rows]
 
@@ -43,7 +44,7 @@ def two_tasks(tmp_path_factory) -> dict:
     """One lm-eval run of two tasks against one server: it never stops on the second task's
     prompts and answers the first task's correctly. Probed through the injected text only."""
     root = tmp_path_factory.mktemp("two")
-    healthy, broken = write_task(root / "t1", 24, TASK), write_task(root / "t2", 24, SECOND_TASK)
+    healthy, broken = write_task(root / "tasks", 24, TASK), write_task(root / "tasks", 24, SECOND_TASK)
     output = root / "out"
     with SimServer("healthy", loop_marker=COUNT_MARKER) as server:
         command = healthy.lm_eval_command(
@@ -200,7 +201,7 @@ def test_two_evaluations_under_one_command_are_two_runs(sim, tmp_path) -> None:
                          env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     trip = json.loads((output / contract.SIDECAR_NAME).read_text())["verdict"]
-    newest = max(output.glob("*/results_*.json"), key=lambda p: json.loads(p.read_text())["date"])
+    newest = max(written_by_lm_eval(output, "results_*.json"), key=lambda p: json.loads(p.read_text())["date"])
     assert json.loads(newest.read_text())[EVIDENCE_KEY]["run_id"] != trip["run_id"]
     # Every run in the directory is judged: the first by its own trip, the second on its own.
     first_run, second_run = json.loads(read_cli(output, "--json").stdout)

@@ -23,9 +23,10 @@ COUNT_MARKER = "Count:"
 # Variables of the caller's shell that must not leak into a run: the probe's knobs, where
 # its sidecar goes, and any PYTHONPATH (which could carry another sitecustomize.py).
 _NOT_INHERITED = ("PYTHONPATH", "RESULT_DIR", "EVAL_RESULT_DIR")
-# lm-eval 0.4.9.x's CLI logs each task's YAML path relative to its own tasks folder, and
-# fails for a task whose name it does not know (measured on 0.4.9.2; 0.4.13 is fixed).
-# There the task borrows a built-in name, exactly as InferenceX's gsm8k.yaml does.
+# The 0.4.9.2 release's CLI logs each task's YAML path relative to its own tasks folder, and
+# fails for a task whose name it does not know; InferenceX's lm-eval (b315ef3, which also calls
+# itself 0.4.9.2) fails listing it (0.4.12 and 0.4.13, tested here, are fixed). There the task borrows a
+# built-in name, exactly as InferenceX's gsm8k.yaml does.
 BORROWED_NAMES = {TASK: "gsm8k", SECOND_TASK: "gsm8k_cot"}
 METRIC = "exact_match,strict-match"
 
@@ -80,7 +81,9 @@ class LocalTask:
         """``python -m lm_eval`` on this task (and the tasks in ``also``, in the same run)
         against the completions endpoint at ``base_url``.
 
-        ``model_args`` adds to lm-eval's ``--model_args``; ``extra`` goes at the end.
+        ``model_args`` adds to lm-eval's ``--model_args``; ``extra`` goes at the end. Several
+        tasks must have been written into one directory that holds no other task YAML (see
+        :func:`tasks_arguments`).
         """
         arguments = (
             f"model={model},base_url={base_url}/v1/completions,num_concurrent={concurrency},"
@@ -88,7 +91,7 @@ class LocalTask:
         )
         return [
             sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", arguments,
-            "--tasks", ",".join(str(t.yaml) for t in (self, *also)), "--output_path", str(output),
+            *tasks_arguments((self, *also)), "--output_path", str(output),
             "--gen_kwargs", f"max_tokens={max_tokens}",
             *extra,
         ]  # fmt: skip
@@ -110,6 +113,18 @@ class LocalTask:
             "--model", "vllm", "--model_args", model_args, "--batch_size", "auto", "--tasks", str(self.yaml),
             "--output_path", str(output), "--gen_kwargs", f"max_gen_toks={max_tokens}", *extra,
         ]  # fmt: skip
+
+
+def tasks_arguments(tasks: tuple[LocalTask, ...]) -> list[str]:
+    """lm-eval's ``--tasks`` for ``tasks``: one YAML file, or for several their one directory, as
+    InferenceX passes its tasks. InferenceX's lm-eval (b315ef3) takes ``--tasks a,b`` for one name."""
+    if len(tasks) == 1:
+        return ["--tasks", str(tasks[0].yaml)]
+    folders = {task.yaml.parent for task in tasks}
+    if len(folders) != 1:
+        raise ValueError(f"several tasks run together must be written into one directory, not {sorted(folders)}")
+    (folder,) = folders
+    return ["--tasks", str(folder)]
 
 
 _STYLES = {

@@ -33,6 +33,7 @@ class Tested:
     program: str  # as the warning names it
     low: tuple[int, ...]
     high: tuple[int, ...]  # compared on its own length: (0, 4, 13) covers 0.4.13.dev0 and 0.4.13.1
+    also: str = ""  # what else was tested that the range does not say
 
     def covers(self, version: str) -> bool:
         found = version_tuple(version)
@@ -43,13 +44,15 @@ class Tested:
         if version is None or self.covers(version):
             return None
         tested = " to ".join(dict.fromkeys(".".join(map(str, v)) for v in (self.low, self.high)))
+        also = f", and {self.also}" if self.also else ""
         return (
-            f"{self.program} {version} is outside the releases this probe was tested with ({tested}); "
+            f"{self.program} {version} is outside what this probe was tested with (the releases {tested}{also}); "
             "the probe stays active, but check its findings, and report a problem if you see one"
         )
 
 
-LM_EVAL = Tested("lm-eval", (0, 4, 9, 2), (0, 4, 13))
+# InferenceX's lm-eval, commit b315ef3, calls itself 0.4.9.2 and is tested too: say so.
+LM_EVAL = Tested("lm-eval", (0, 4, 9, 2), (0, 4, 13), "InferenceX's lm-eval (b315ef3), which calls itself 0.4.9.2")
 VLLM = Tested("vLLM", (0, 32, 0), (0, 32, 0))
 
 

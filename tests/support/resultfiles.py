@@ -14,6 +14,13 @@ STARTED = 1_764_460_800.0
 NAME = "results_2026-11-30T01-00-00.000000.json"
 
 
+def written_by_lm_eval(output: Path, pattern: str) -> list[Path]:
+    """The files matching ``pattern`` that lm-eval wrote for ``--output_path output``: in its model
+    directory (the releases), or in ``output`` itself (InferenceX's lm-eval (b315ef3), whose
+    parsed ``--model_args`` are a dict in which its model-name lookup finds no name)."""
+    return sorted([*output.glob(pattern), *output.glob(f"*/{pattern}")])
+
+
 def write_results(directory: Path, value: object, name: str = NAME, subdir: str | None = "model", **extra) -> Path:
     """A results file whose task gsm8k scores ``value``, under ``directory/subdir`` (lm-eval's model
     directory; None for InferenceX's staged, flat layout). ``date`` defaults to STARTED."""

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support.resultfiles import written_by_lm_eval
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
@@ -28,6 +30,6 @@ def tiny_llama(python: str, directory: Path, variant: str) -> Path:
 
 def answers(output: Path) -> list[str]:
     """The first answer of every document in lm-eval's samples file under ``output``, by doc_id."""
-    (samples,) = output.glob("*/samples_*.jsonl")
+    (samples,) = written_by_lm_eval(output, "samples_*.jsonl")
     rows = [json.loads(line) for line in samples.read_text().splitlines()]
     return [row["resps"][0][0] for row in sorted(rows, key=lambda r: r["doc_id"])]
