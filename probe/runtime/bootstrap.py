@@ -2,8 +2,9 @@
 
 Every such process compiles it from source (InferenceX sets PYTHONDONTWRITEBYTECODE=1),
 and compiling costs about 0.3 ms per kilobyte of code here, so it stays this small. It
-only registers a finder that waits for lm-eval's API module and its in-process vLLM module
-(``--model vllm``; lm-eval 0.4.13 imports model modules lazily, so either may come alone);
+only registers a finder that waits for lm-eval's API module, its in-process vLLM module
+(``--model vllm``) and its Hugging Face module (``--model hf``; lm-eval 0.4.13 imports model
+modules lazily, so any may come alone);
 the runtime's modules (handed over packed: their sources as JSON, compressed, in base85, so
 that the file to compile stays small) are unpacked and compiled when the first of them is
 imported, as the private package ``_hyperloom_eval_probe``, and install themselves right
@@ -14,7 +15,7 @@ import sys
 
 PACKAGE = "_hyperloom_eval_probe"
 # The runtime's install.INSTALLERS says what installs on each.
-TARGETS = ("lm_eval.models.api_models", "lm_eval.models.vllm_causallms")
+TARGETS = ("lm_eval.models.api_models", "lm_eval.models.vllm_causallms", "lm_eval.models.huggingface")
 
 
 class EmbeddedRuntime:

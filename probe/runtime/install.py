@@ -1,7 +1,7 @@
 """Installing the runtime into lm-eval, and taking it out again.
 
-The start-up stub (``bootstrap``) calls :func:`installing_spec` when lm-eval's API module or
-its vLLM module is first imported, or :func:`install_module` at once when it already is. All
+The start-up stub (``bootstrap``) calls :func:`installing_spec` when one of the lm-eval
+modules in :data:`INSTALLERS` is first imported, or :func:`install_module` at once when it already is. All
 are idempotent and never raise: an error is reported once and lm-eval runs unprobed.
 """
 
@@ -17,6 +17,8 @@ from probe.runtime import state
 from probe.runtime.api import install_api, is_installed
 from probe.runtime.caches import guard_caches
 from probe.runtime.contract import ENV_REPORT, read_settings
+from probe.runtime.hf import install_hf as install_hf_backend
+from probe.runtime.hf import is_installed as is_hf_installed
 from probe.runtime.log import say
 from probe.runtime.patching import restore_all
 from probe.runtime.results import carry_evidence
@@ -61,8 +63,24 @@ def _install_backend(module: Any, name: str, installed: Any, patch: Any) -> bool
     return True
 
 
+def install_hf(huggingface: Any = None) -> bool:
+    """Patch lm-eval's Hugging Face backend (``--model hf``); True when it is probed.
+
+    As for :func:`install_vllm`, a failure leaves the other backends' patches as they are.
+    """
+    try:
+        return _install_backend(huggingface, "lm_eval.models.huggingface", is_hf_installed, install_hf_backend)
+    except Exception as error:
+        say(f"could not install on lm-eval's Hugging Face backend ({error!r}); it runs unprobed")
+        return False
+
+
 # What the start-up stub waits for (bootstrap.TARGETS), and what installs on each.
-INSTALLERS = {"lm_eval.models.api_models": install, "lm_eval.models.vllm_causallms": install_vllm}
+INSTALLERS = {
+    "lm_eval.models.api_models": install,
+    "lm_eval.models.vllm_causallms": install_vllm,
+    "lm_eval.models.huggingface": install_hf,
+}
 
 
 def install_module(module: Any) -> bool:
