@@ -77,6 +77,7 @@ class Watch:
         met a stop sequence; a kind without one leaves the batch unobserved (said once)."""
         found = list(criteria)
         if not all(isinstance(getattr(c, "done_tracker", None), list) for c in found):
+            self.broken = True
             self.probe.errors.once(
                 "hf criteria",
                 "lm-eval's stop-sequence criteria are not as this probe knows them (no done_tracker); "
