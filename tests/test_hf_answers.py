@@ -20,7 +20,7 @@ from probe.runtime import contract, install, state
 from probe.runtime.answers import ShortCircuitAnswer
 
 pytestmark = pytest.mark.hf
-CASES = 16  # of which 12 trip and 4 (seeds 0, 4, 9, 13) end a batch inside, at the trip
+CASES = 16  # 9 of them trip, 4 of those (seeds 0, 4, 9, 13) inside a batch
 MAX_TOKENS = 8
 
 
