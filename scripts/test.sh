@@ -3,7 +3,9 @@
 # but the vLLM and the release_independent ones) against InferenceX's lm-eval (b315ef3), installed
 # the way InferenceX installs it, InferenceX's flow first; the same but InferenceX's flow against
 # the 0.4.9.2 release and 0.4.12; then every test against lm-eval 0.4.13 (the end-to-end tests on
-# real vLLM, served and in-process, included). Extra arguments go to every pytest run.
+# real vLLM, served and in-process, included). The tests on lm-eval's Hugging Face backend (marker
+# hf) need torch: they run against b315ef3 and the 0.4.9.2 release, the environments that have it.
+# Extra arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh all
@@ -29,8 +31,8 @@ echo "== tests against the 0.4.9.2 release (the legacy command line, the eager m
     -p no:cacheprovider "$@"
 
 echo "== tests against lm-eval 0.4.12 (a static parse_generations, and null content as a cached placeholder)"
-.venv-lm-eval-0.4.12/bin/python -m pytest -m "not vllm and not release_independent and not inferencex" \
+.venv-lm-eval-0.4.12/bin/python -m pytest -m "not vllm and not release_independent and not inferencex and not hf" \
     -p no:cacheprovider "$@"
 
 echo "== tests against lm-eval 0.4.13, with the end-to-end tests on real vLLM"
-LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" .venv/bin/python -m pytest -p no:cacheprovider "$@"
+LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" .venv/bin/python -m pytest -m "not hf" -p no:cacheprovider "$@"

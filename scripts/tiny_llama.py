@@ -1,13 +1,18 @@
-"""Build a tiny Llama locally (no download) that vLLM can serve, in two variants.
+"""Build a tiny Llama locally (no download) that vLLM can serve, in three variants.
 
 - ``never_stop``: its output is one token, repeated forever; it never emits EOS or a
   stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``).
 - ``stops``: its output token is " 7" followed by a blank line, so lm-eval's stop
   sequence ends each answer after one token (``finish_reason: stop``) with the answer
   " 7": a healthy model that is right when the answer is 7.
+- ``echo``: it repeats the last character of its prompt forever, except after ``~``, where
+  it emits EOS at once: whether a generation ever stops depends on the prompt.
 
 How: the final RMSNorm's weight is zero, so every logit is exactly 0 and greedy
-decoding picks token 0; the variants differ only in which string token 0 is. The rest
+decoding picks token 0; the first two variants differ only in which string token 0 is. For
+``echo`` the layers add nothing (their output projections are zero), the embeddings are
+orthonormal, and the output head is the embedding matrix, so the greedy pick is the current
+token; its EOS row is twice ``~``'s embedding. The rest
 (random weights, head size 64, a character-level vocabulary, a chat template) keeps
 vLLM's CPU backend and lm-eval's chat path working. Run with the vLLM environment's
 Python: ``python scripts/tiny_llama.py DIR --variant never_stop``.
@@ -20,7 +25,8 @@ import json
 import string
 from pathlib import Path
 
-FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n"}
+FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n", "echo": "~"}
+ECHO_STOP = "~"  # the echo variant's one character followed by EOS
 SPECIALS = ["<s>", "</s>", "<unk>", "<pad>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
@@ -61,7 +67,16 @@ def build(directory: Path, variant: str) -> Path:
     )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
-        model.model.norm.weight.zero_()  # every logit 0: greedy always picks token 0
+        if variant == "echo":
+            embeddings = torch.linalg.qr(torch.randn(config.hidden_size, len(vocab)))[0].T
+            model.model.embed_tokens.weight.copy_(embeddings)
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            model.lm_head.weight.copy_(embeddings)
+            model.lm_head.weight[vocab["</s>"]] = 2 * embeddings[vocab[ECHO_STOP]]
+        else:
+            model.model.norm.weight.zero_()  # every logit 0: greedy always picks token 0
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     fast.save_pretrained(directory)

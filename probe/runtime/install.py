@@ -57,6 +57,11 @@ def install_vllm(vllm_causallms: Any = None) -> bool:
     return install_integration(integration_for("lm_eval.models.vllm_causallms"), vllm_causallms)
 
 
+def install_hf(huggingface: Any = None) -> bool:
+    """Patch lm-eval's Hugging Face backend (``--model hf``); True when it is probed."""
+    return install_integration(integration_for("lm_eval.models.huggingface"), huggingface)
+
+
 def install_module(module: Any) -> bool:
     """Install the integration that waits for ``module``, whichever it is."""
     return install_integration(integration_for(module.__name__), module)

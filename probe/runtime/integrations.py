@@ -4,13 +4,14 @@ hands it the names) and what the installer installs on each. A new hook module d
 
 from __future__ import annotations
 
-from probe.runtime import api, evaluations, vllm_offline
+from probe.runtime import api, evaluations, hf, vllm_offline
 from probe.runtime.integration import Integration
 
 INTEGRATIONS: tuple[Integration, ...] = (
     evaluations.INTEGRATION,
     api.INTEGRATION,
     vllm_offline.INTEGRATION,
+    hf.INTEGRATION,
 )
 
 

@@ -28,8 +28,10 @@ def tiny_llama(python: str, directory: Path, variant: str) -> Path:
     return directory
 
 
-def answers(output: Path) -> list[str]:
-    """The first answer of every document in lm-eval's samples file under ``output``, by doc_id."""
-    (samples,) = written_by_lm_eval(output, "samples_*.jsonl")
+def answers(output: Path, task: str = "") -> list[str]:
+    """The first answer of every document in lm-eval's samples file under ``output`` (the one
+    of ``task`` when the run had several), by doc_id."""
+    (samples,) = written_by_lm_eval(output, f"samples_{task}*.jsonl")
     rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    rows = [row for row in rows if row.get("filter") == rows[0].get("filter")]  # one row per document
     return [row["resps"][0][0] for row in sorted(rows, key=lambda r: r["doc_id"])]

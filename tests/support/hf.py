@@ -1,0 +1,131 @@
+"""What the tests on lm-eval's Hugging Face backend share: its Python, tasks, and a run.
+
+``--model hf`` needs torch, transformers and accelerate: the environment named by
+LM_EVAL_PROBE_HF_PYTHON, else this interpreter when it has them (.venv-lm-eval-0.4.9.2).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from probe.demo.localtask import offline_env
+from support.procs import PYTHON
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+NEEDS = ("torch", "transformers", "accelerate")
+
+
+def hf_python() -> str:
+    """The Python that runs lm-eval's Hugging Face backend; fails the test without one."""
+    named = os.environ.get("LM_EVAL_PROBE_HF_PYTHON")
+    if named:
+        return named
+    missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.fail(
+            f"{sys.executable} lacks {', '.join(missing)}: set LM_EVAL_PROBE_HF_PYTHON to a Python that has them"
+        )
+    return sys.executable
+
+
+def borrowed(name: str, builtin: str) -> str:
+    """A task's name for the installed lm-eval: 0.4.9.x's command line fails on a task name it
+    does not know (see probe.demo.localtask.BORROWED_NAMES), so there it borrows a built-in one."""
+    release = tuple(int(part) for part in version("lm_eval").split(".")[:3])
+    return builtin if release < (0, 4, 10) else name
+
+
+def _config(task: str, data: Path, output_type: str, **fields: object) -> dict:
+    """A task reading ``data`` (JSONL) with no few-shot examples; written as JSON, which is YAML."""
+    return {
+        "task": task,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
+        "test_split": "test",
+        "fewshot_split": "test",
+        "num_fewshot": 0,
+        "output_type": output_type,
+        "doc_to_text": "{{text}}",
+        "doc_to_target": "{{answer}}",
+        "metadata": {"version": 1},
+        **fields,
+    }
+
+
+@dataclass(frozen=True)
+class Task:
+    yaml: Path
+    name: str
+
+
+def write_prompts_task(directory: Path, texts: list[str], name: str = "probe_prompts") -> Task:
+    """A generate task whose prompts are ``texts`` exactly (the echo model answers by their
+    last character), stopping at "Question:"."""
+    fields = {
+        "generation_kwargs": {"until": ["Question:"], "temperature": 0},
+        "metric_list": [{"metric": "exact_match"}],
+    }
+    return _write(directory, name, "gsm8k_cot", "generate_until", fields, [{"text": t, "answer": "x"} for t in texts])
+
+
+def write_choice_task(directory: Path, n_docs: int) -> Task:
+    """A loglikelihood (multiple-choice) task of ``n_docs`` questions."""
+    docs = [{"text": f"Pick {i}:", "answer": i % 4} for i in range(n_docs)]
+    fields = {"doc_to_choice": ["~", "x", "a", "7"], "metric_list": [{"metric": "acc"}]}
+    return _write(directory, "probe_choice", "arc_easy", "multiple_choice", fields, docs)
+
+
+def _write(directory: Path, name: str, builtin: str, output_type: str, fields: dict, docs: list[dict]) -> Task:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(doc) + "\n" for doc in docs), encoding="utf-8")
+    task = borrowed(name, builtin)
+    yaml = directory / f"{name}.yaml"
+    yaml.write_text(json.dumps(_config(task, data, output_type, **fields), indent=2), encoding="utf-8")
+    return Task(yaml.resolve(), task)
+
+
+def tiny_llama(directory: Path, variant: str) -> Path:
+    """Build the tiny Llama ``variant`` (scripts/tiny_llama.py) into ``directory``."""
+    subprocess.run([hf_python(), str(SCRIPTS / "tiny_llama.py"), str(directory), "--variant", variant], check=True)
+    return directory
+
+
+def evaluate_hf(
+    model: Path,
+    tasks: list[Path],
+    output: Path,
+    max_tokens: int,
+    batch_size: int,
+    probed: bool,
+    *extra: str,
+    site: Path | None = None,
+    **knobs: str,
+) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
+    """One ``lm_eval --model hf`` run on CPU (through ``eval-probe run`` when probed), with
+    the probe's ``knobs``; returns it and what transformers generated
+    (scripts/lm_eval_hf_counted.py). ``site``: a directory put on PYTHONPATH, which
+    ``eval-probe run`` chains."""
+    counts = output.with_suffix(".counts.json")
+    lm_eval = [
+        hf_python(), str(SCRIPTS / "lm_eval_hf_counted.py"), str(counts), "--",
+        "--model", "hf", "--model_args", f"pretrained={model},dtype=float32", "--device", "cpu",
+        "--tasks", ",".join(str(t) for t in tasks), "--batch_size", str(batch_size),
+        "--gen_kwargs", f"max_gen_toks={max_tokens}", "--output_path", str(output), "--log_samples", *extra,
+    ]  # fmt: skip
+    command = [PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", *lm_eval] if probed else lm_eval
+    env = offline_env(None, **knobs)
+    if site is not None:
+        env["PYTHONPATH"] = str(site)
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run, json.loads(counts.read_text())

@@ -1,0 +1,89 @@
+"""The probe on lm-eval's Hugging Face backend changes no answer but to a blank of its own.
+
+In this process, on real ``HFLM.generate_until`` with the echo tiny Llama (it repeats a
+prompt's last character, "x" forever, and stops at once after "~"): for many mixes of
+prompts, batch sizes and ``MIN_SAMPLES``, the probed answers are the unprobed ones in the
+same number and order, except blanks of the probe's own type, and every request is either
+observed or answered blank, never both, never neither. Drawn with a fixed seed: the same
+cases every run (hypothesis is not in the torch environment).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from support.hf import tiny_llama
+
+from probe.runtime import contract, install, state
+from probe.runtime.answers import ShortCircuitAnswer
+
+pytestmark = pytest.mark.hf
+CASES = 16  # 9 of them trip, 4 of those (seeds 0, 4, 9, 13) inside a batch
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def echo_lm(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from lm_eval.models.huggingface import HFLM
+
+    model = tiny_llama(tmp_path_factory.mktemp("models") / "echo", "echo")
+    return HFLM(pretrained=str(model), device="cpu", dtype="float32", batch_size=1)
+
+
+def requests(prompts: list[str]) -> list[Any]:
+    from lm_eval.api.instance import Instance
+
+    gen_kwargs = {"until": ["Question:"], "max_gen_toks": MAX_TOKENS, "temperature": 0}
+    return [
+        Instance("generate_until", {}, (prompt, gen_kwargs), i, metadata=("probe_prompts", i, 1))
+        for i, prompt in enumerate(prompts)
+    ]
+
+
+def case(rng: random.Random) -> tuple[list[str], int, int]:
+    """Prompts in a shuffled order, a batch size and MIN_SAMPLES.
+
+    lm-eval generates the longest prompts first, so the prompts get distinct lengths in the
+    order drawn: the order they are generated in. A share of them stops at once; a stop that
+    brings MIN_SAMPLES observations after enough at the cap trips inside its batch."""
+    batch, min_samples = rng.randint(1, 5), rng.randint(1, 6)
+    stops = rng.choice((0.0, 0.15, 0.3, 0.6, 1.0))  # the share of prompts that stop at once
+    ends = ["~" if rng.random() < stops else "x" for _ in range(rng.randint(1, 16))]
+    if rng.random() < 0.4:  # whole batches at the cap, then a batch whose first row stops
+        full = batch * -(-3 // batch)  # at least 3, so that the stop makes at least 3 of 4
+        ends, min_samples = ["x"] * full + ["~"] + ends, full + 1
+    prompts = ["p" * (len(ends) - i) + end for i, end in enumerate(ends)]
+    rng.shuffle(prompts)
+    return prompts, batch, min_samples
+
+
+@pytest.mark.parametrize("seed", range(CASES))
+def test_probed_answers_are_the_unprobed_ones_or_the_probes_blanks(echo_lm, seed, tmp_path, monkeypatch) -> None:
+    prompts, batch, min_samples = case(random.Random(seed))
+    echo_lm.batch_size_per_gpu = batch
+    unprobed = echo_lm.generate_until(requests(prompts), disable_tqdm=True)
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, str(min_samples))
+    monkeypatch.setenv(contract.ENV_MIN_MAX_TOKENS, "0")
+    monkeypatch.setenv("RESULT_DIR", str(tmp_path))
+    assert install.install_hf()
+    try:
+        probe = state.ACTIVE
+        probed = echo_lm.generate_until(requests(prompts), disable_tqdm=True)
+    finally:
+        install.uninstall()
+    assert len(probed) == len(unprobed) == len(prompts)
+    blank = [isinstance(answer, ShortCircuitAnswer) for answer in probed]
+    assert all(answer == "" for answer, b in zip(probed, blank, strict=True) if b)
+    assert [a for a, b in zip(probed, blank, strict=True) if not b] == [
+        a for a, b in zip(unprobed, blank, strict=True) if not b
+    ]
+    (group,) = list(probe.groups)
+    assert group.tally.observed + group.short_circuited == len(prompts)
+    assert sum(blank) == group.short_circuited
+    assert any(blank) <= group.tripped  # blanks only after a trip
+    if group.tripped:
+        assert group.tally.observed >= min_samples and (tmp_path / contract.SIDECAR_NAME).exists()
+    else:
+        assert list(probed) == list(unprobed) and not any(blank)
