@@ -42,6 +42,13 @@ def run(command: list[str], result_dir: str | None = None) -> int:
     ``--output_path``) is removed when it stays empty or the command never starts, unless
     such processes may still write to it; otherwise the summary names it.
     """
+    # From the first moment to the last: a signal before the command starts stops it from
+    # starting, and one while the summary is written is passed on, never lets anything leak.
+    with _Forwarder() as forwarder:
+        return _run(command, result_dir, forwarder)
+
+
+def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> int:
     chosen = result_dir or output_path_in(command)
     made: Path | None = None
     if chosen:
@@ -60,7 +67,13 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         # A trip recorded before the command started is a leftover, not this command's. (Each
         # lm-eval evaluation in the command has a run identity of its own, so time decides here.)
         started = time.time()
-        ran = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}", str(site))
+        if forwarder.pending:
+            number = forwarder.pending[0]
+            _say(f"summary: signal {number} ({_signal_name(number)}) arrived before the command started; not started")
+            return 128 + number
+        ran = _run_forwarding_signals(
+            command, env, f"probe active; sidecar and results go to {result}", str(site), forwarder
+        )
         if ran is None:
             return 127
         status, group, left_behind = ran
@@ -102,8 +115,38 @@ def _die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
+class _Forwarder:
+    """While entered, SIGINT, SIGTERM and SIGHUP go to the command's process group once it has
+    one (``group``), and are kept in ``pending`` until then."""
+
+    def __init__(self) -> None:
+        self.group: int | None = None
+        self.pending: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Forwarder:
+        self._previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def started(self, group: int) -> None:
+        """The command leads ``group`` now: what arrived before goes to it."""
+        self.group = group
+        while self.pending:
+            processgroup.signal_group(group, self.pending.pop(0))
+
+    def _forward(self, number: int, _frame: object) -> None:
+        if self.group is None:
+            self.pending.append(number)
+        else:
+            processgroup.signal_group(self.group, number)
+
+
 def _run_forwarding_signals(
-    command: list[str], env: dict[str, str], started: str, marker: str
+    command: list[str], env: dict[str, str], started: str, marker: str, forwarder: _Forwarder
 ) -> tuple[int, int, list[str]] | None:
     """Run ``command``; None if it could not start, else its exit status (negative: the signal
     that ended it), its process group, and the processes still running once it and a short grace
@@ -117,17 +160,9 @@ def _run_forwarding_signals(
         return None
     _say(started)
     group = child.pid  # a session leader leads its group; the id stays its while a member lives
-
-    def forward(number: int, _frame: object) -> None:
-        processgroup.signal_group(group, number)
-
-    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    try:
-        status = child.wait()
-        return status, group, processgroup.wait_until_empty(group, _GRACE_S, marker)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    forwarder.started(group)  # a signal that came while it was being started goes to it now
+    status = child.wait()
+    return status, group, processgroup.wait_until_empty(group, _GRACE_S, marker)
 
 
 def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:

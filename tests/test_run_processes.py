@@ -163,3 +163,60 @@ def test_members_skips_zombies_of_a_group_and_the_remover_does_not_wait_for_them
         assert eventually(lambda: not site.exists(), 10), "the remover waited on a zombie"
     finally:
         leader.wait()
+
+
+# eval-probe run in-process, with a signal sent to it at one moment of its work (``when``): while it
+# prepares the probe, just before the command is started, or while the summary is written.
+SIGNAL_AT = """
+import os, signal, subprocess, sys
+from probe import run as module
+when, scratch = sys.argv[1], sys.argv[2]
+real_popen, real_summary, real_text = subprocess.Popen, module.summary, module.sitecustomize_text
+def text(*args, **kwargs):
+    if when == "while-preparing":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_text(*args, **kwargs)
+def popen(*args, **kwargs):
+    if when == "before-start" and args[0][0] == "bash":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_popen(*args, **kwargs)
+def summary(*args, **kwargs):
+    if when == "during-summary":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_summary(*args, **kwargs)
+module.subprocess.Popen, module.summary, module.sitecustomize_text = popen, summary, text
+shell = "exit 0" if when == "during-summary" else "sleep 30.25 & wait"
+sys.exit(module.run(["bash", "-c", shell], os.path.join(scratch, "r")))
+"""
+
+
+@pytest.mark.parametrize("when", ["while-preparing", "before-start", "during-summary"])
+def test_a_signal_at_any_moment_leaves_nothing_behind(tmp_path: Path, when: str) -> None:
+    # Before: the handlers were installed only once the command had started and removed before the
+    # summary, so SIGTERM there killed eval-probe at once: its probe directory stayed in TMPDIR.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.run([PYTHON, "-c", SIGNAL_AT, when, str(scratch)], env=offline_env(None, TMPDIR=str(scratch)),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert probe_sites(tmp_path) == [], proc.stderr
+    assert "Traceback" not in proc.stderr
+    if when == "while-preparing":
+        assert proc.returncode == 128 + signal.SIGTERM and "arrived before the command started" in proc.stderr
+        assert "probe active" not in proc.stderr
+    elif when == "before-start":
+        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+        assert "summary:" in proc.stderr and "SIGTERM" in proc.stderr
+    else:
+        assert proc.returncode == 0 or proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert not [line for line in running() if "sleep 30.25" in line]
+
+
+def running() -> list[str]:
+    """The command line of every process here (those that end while listed are left out)."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found.append(path.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
