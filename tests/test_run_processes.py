@@ -220,3 +220,18 @@ def running() -> list[str]:
         except OSError:
             continue
     return found
+
+
+def test_a_signal_ends_a_command_that_is_stopped(tmp_path: Path) -> None:
+    # A stopped process handles SIGTERM only once continued. Before: eval-probe forwarded SIGTERM
+    # and waited forever on the stopped command (`timeout` in a pipeline never ended it).
+    proc = runner(tmp_path, 'echo ready; kill -STOP $$; echo "continued"; sleep 30')
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "continued" not in out and "ended by signal 15" in err
