@@ -80,9 +80,7 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
         if left_behind:
             processgroup.remove_when_empty(group, site, str(site))
             _say(_left_behind_warning(left_behind, site, result))
-        line = summary(result, report, -status if status < 0 else None, started)
-        if left_behind:
-            line += f"; still running then: {len(left_behind)} process(es) it started (listed above)"
+        line = summary(result, report, -status if status < 0 else None, started, len(left_behind))
         if made is not None and any(made.iterdir()):
             line += f"; results kept in {made}"
         _say(line)
@@ -176,10 +174,13 @@ def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:
     )
 
 
-def summary(result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None) -> str:
+def summary(
+    result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None, still_running: int = 0
+) -> str:
     """The summary line: what the command's trip record says, else what the probe's report says,
     else what is known; ``ended_by`` is the signal that ended the command, if one did. A trip
-    recorded before ``started`` (when given) is a leftover of an earlier run, and is said so."""
+    recorded before ``started`` (when given) is a leftover of an earlier run, and is said so.
+    With ``still_running`` processes the command started still at work, no trip yet is no verdict."""
     signalled = "" if ended_by is None else f"the command was ended by signal {ended_by} ({_signal_name(ended_by)})"
     sidecar = read_sidecar(result_dir)
     if sidecar.state == "unreadable":
@@ -195,6 +196,14 @@ def summary(result_dir: Path, report: Path, ended_by: int | None = None, started
             f"max_tokens cap {v['max_tokens']}; {cut} requests short-circuited. Sidecar: {sidecar.path}. "
             + (f"Then {signalled}. " if signalled else "")
             + f"Next: eval-probe read {result_dir}"
+            + (f"; still running then: {still_running} process(es) it started (listed above)" if still_running else "")
+        )
+    if still_running:
+        return (
+            "summary: not known yet (no trip record of this run so far)"
+            + (f"; {signalled}" if signalled else "")
+            + f"; still running then: {still_running} process(es) it started (listed above): run eval-probe read "
+            f"{result_dir} once they finish"
         )
     try:
         observed = json.loads(report.read_text(encoding="utf-8"))

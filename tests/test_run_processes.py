@@ -235,3 +235,13 @@ def test_a_signal_ends_a_command_that_is_stopped(tmp_path: Path) -> None:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "continued" not in out and "ended by signal 15" in err
+
+
+def test_the_summary_never_says_did_not_trip_while_what_it_started_still_runs(tmp_path: Path) -> None:
+    # Before: "the probe did not trip and wrote no report: no lm-eval model it watches ran under it"
+    # while the backgrounded lm-eval had barely started (and went on to trip).
+    proc = runner(tmp_path, "sleep 3 &")
+    _, err = proc.communicate(timeout=30)
+    [summary] = [line for line in err.splitlines() if line.startswith("[lm-eval-probe] summary:")]
+    assert "did not trip" not in summary and "not known yet" in summary, summary
+    assert "eval-probe read" in summary
