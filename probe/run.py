@@ -22,7 +22,8 @@ from probe.reader.sidecar import read_sidecar
 from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS
 from probe.runtime.log import PREFIX
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGQUIT too: Ctrl-\ at a terminal reaches only eval-probe (the command has a session of its own).
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # After the command itself ends, how long what it started may take to end too (a signalled
 # lm-eval under bash exits just after bash) before it counts as left behind.

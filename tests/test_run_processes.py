@@ -54,7 +54,7 @@ def probe_sites(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "scratch").glob("eval-probe-site-*"))
 
 
-@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
 def test_a_signal_reaches_the_program_bash_runs(tmp_path: Path, number: int) -> None:
     # Before: only bash got it; it waits for its child, which ran on for the whole 60 s.
     setup = "signal.signal(signal.SIGINT, signal.default_int_handler)\n" + (
