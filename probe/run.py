@@ -115,7 +115,7 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 class _Forwarder:
-    """While entered, SIGINT, SIGTERM and SIGHUP go to the command's process group once it has
+    """While entered, SIGINT, SIGTERM, SIGHUP and SIGQUIT go to the command's process group once it has
     one (``group``), and are kept in ``pending`` until then."""
 
     def __init__(self) -> None:
