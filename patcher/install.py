@@ -61,6 +61,10 @@ def install(directory: Path, payload: Payload) -> Outcome:
         return Outcome(0, f"{site}: probe block upgraded from {found.version}")
 
 
+# sitecustomize.cpython-312-x86_64-linux-gnu.so and the like: what any CPython imports as sitecustomize.
+_OTHER_PYTHONS_EXTENSION = "sitecustomize.cpython-*.so"
+
+
 def _make_directory(directory: Path) -> bool:
     """Make ``directory`` unless it exists; True when it was made. Its parent must exist."""
     if directory.is_dir():
@@ -89,9 +93,9 @@ def _shadowing(directory: Path) -> Path | None:
         (SourcelessFileLoader, BYTECODE_SUFFIXES),
     )
     spec = FileFinder(str(directory), *loaders).find_spec("sitecustomize")
-    if spec is None or spec.origin is None:  # nothing there, or only a namespace portion, which a module beats
-        return None
-    is_package = spec.submodule_search_locations is not None
-    if is_package or isinstance(spec.loader, ExtensionFileLoader):
-        return Path(spec.origin).parent if is_package else Path(spec.origin)
-    return None
+    if spec is not None and spec.origin is not None:  # else nothing, or a namespace portion, which a module beats
+        is_package = spec.submodule_search_locations is not None
+        if is_package or isinstance(spec.loader, ExtensionFileLoader):
+            return Path(spec.origin).parent if is_package else Path(spec.origin)
+    # An extension module built for another CPython (the one lm-eval runs on may not be this one).
+    return next((p for p in sorted(directory.glob(_OTHER_PYTHONS_EXTENSION)) if p.is_file()), None)

@@ -322,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         return args.handler(args)
+    except KeyboardInterrupt:
+        # Ctrl-C is the user's choice, not a bug: no traceback, the shell's code for it.
+        print(f"eval-probe {args.name}: interrupted", file=sys.stderr)
+        return exitcodes.INTERRUPTED
     except Exception:
         # A bug of ours must never exit with a code that reads as a verdict or an outcome.
         traceback.print_exc()

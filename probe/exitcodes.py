@@ -7,6 +7,7 @@ from patcher import errors
 
 USAGE = 64  # EX_USAGE: distinct from every command's own exit codes
 INTERNAL = 70  # EX_SOFTWARE: an internal error is never a verdict
+INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, what a shell reports for it
 
 # `eval-probe read`: each status maps to its code explicitly.
 READ_STATUS = {"ok": 0, "below_floor": 1, "unavailable": 2}
@@ -72,6 +73,7 @@ DEMO = (
      "--base-url cannot be reached"),
     (INTERNAL, "internal error in eval-probe itself (a bug: please report it)"),
     (USAGE, "usage error (--model without --base-url, or the other way round)"),
+    (INTERRUPTED, "interrupted (Ctrl-C), as any command can be"),
 )  # fmt: skip
 
 RUN = (

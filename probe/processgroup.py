@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,9 +26,13 @@ _REMOVER_POLL_S = 0.5
 
 
 def signal_group(group: int, number: int) -> None:
-    """Send signal ``number`` to every process of ``group``; nothing when none is left."""
+    """Send signal ``number`` to every process of ``group``, then SIGCONT, as a shell's ``kill`` does
+    for a job: a stopped process acts on a signal only once continued, and would otherwise keep
+    us waiting on it for ever. Nothing when none is left."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, number)
+        if number != signal.SIGCONT:
+            os.killpg(group, signal.SIGCONT)
 
 
 def members(group: int, marker: str | None = None) -> list[str]:

@@ -22,7 +22,8 @@ from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS, cause_words
 from probe.runtime.log import PREFIX
 from probe.runtime.report import read_report
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGQUIT too: Ctrl-\ at a terminal reaches only eval-probe (the command has a session of its own).
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # After the command itself ends, how long what it started may take to end too (a signalled
 # lm-eval under bash exits just after bash) before it counts as left behind.
@@ -42,6 +43,13 @@ def run(command: list[str], result_dir: str | None = None) -> int:
     ``--output_path``) is removed when it stays empty or the command never starts, unless
     such processes may still write to it; otherwise the summary names it.
     """
+    # From the first moment to the last: a signal before the command starts stops it from
+    # starting, and one while the summary is written is passed on, never lets anything leak.
+    with _Forwarder() as forwarder:
+        return _run(command, result_dir, forwarder)
+
+
+def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> int:
     chosen = result_dir or output_path_in(command)
     made: Path | None = None
     if chosen:
@@ -60,16 +68,20 @@ def run(command: list[str], result_dir: str | None = None) -> int:
         # A trip recorded before the command started is a leftover, not this command's. (Each
         # lm-eval evaluation in the command has a run identity of its own, so time decides here.)
         started = time.time()
-        ran = _run_forwarding_signals(command, env, f"probe active; sidecar and results go to {result}", str(site))
+        if forwarder.pending:
+            number = forwarder.pending[0]
+            _say(f"summary: signal {number} ({_signal_name(number)}) arrived before the command started; not started")
+            return 128 + number
+        ran = _run_forwarding_signals(
+            command, env, f"probe active; sidecar and results go to {result}", str(site), forwarder
+        )
         if ran is None:
             return 127
         status, group, left_behind = ran
         if left_behind:
             processgroup.remove_when_empty(group, site, str(site))
             _say(_left_behind_warning(left_behind, site, result))
-        line = summary(result, report, -status if status < 0 else None, started)
-        if left_behind:
-            line += f"; still running then: {len(left_behind)} process(es) it started (listed above)"
+        line = summary(result, report, -status if status < 0 else None, started, len(left_behind))
         if made is not None and any(made.iterdir()):
             line += f"; results kept in {made}"
         _say(line)
@@ -102,8 +114,38 @@ def _die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
+class _Forwarder:
+    """While entered, SIGINT, SIGTERM, SIGHUP and SIGQUIT go to the command's process group once it has
+    one (``group``), and are kept in ``pending`` until then."""
+
+    def __init__(self) -> None:
+        self.group: int | None = None
+        self.pending: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Forwarder:
+        self._previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def started(self, group: int) -> None:
+        """The command leads ``group`` now: what arrived before goes to it."""
+        self.group = group
+        while self.pending:
+            processgroup.signal_group(group, self.pending.pop(0))
+
+    def _forward(self, number: int, _frame: object) -> None:
+        if self.group is None:
+            self.pending.append(number)
+        else:
+            processgroup.signal_group(self.group, number)
+
+
 def _run_forwarding_signals(
-    command: list[str], env: dict[str, str], started: str, marker: str
+    command: list[str], env: dict[str, str], started: str, marker: str, forwarder: _Forwarder
 ) -> tuple[int, int, list[str]] | None:
     """Run ``command``; None if it could not start, else its exit status (negative: the signal
     that ended it), its process group, and the processes still running once it and a short grace
@@ -117,17 +159,9 @@ def _run_forwarding_signals(
         return None
     _say(started)
     group = child.pid  # a session leader leads its group; the id stays its while a member lives
-
-    def forward(number: int, _frame: object) -> None:
-        processgroup.signal_group(group, number)
-
-    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    try:
-        status = child.wait()
-        return status, group, processgroup.wait_until_empty(group, _GRACE_S, marker)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    forwarder.started(group)  # a signal that came while it was being started goes to it now
+    status = child.wait()
+    return status, group, processgroup.wait_until_empty(group, _GRACE_S, marker)
 
 
 def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:
@@ -141,10 +175,13 @@ def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:
     )
 
 
-def summary(result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None) -> str:
+def summary(
+    result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None, still_running: int = 0
+) -> str:
     """The summary line: what the command's trip record says, else what the probe's report says,
     else what is known; ``ended_by`` is the signal that ended the command, if one did. A trip
-    recorded before ``started`` (when given) is a leftover of an earlier run, and is said so."""
+    recorded before ``started`` (when given) is a leftover of an earlier run, and is said so.
+    With ``still_running`` processes the command started still at work, no trip yet is no verdict."""
     signalled = "" if ended_by is None else f"the command was ended by signal {ended_by} ({_signal_name(ended_by)})"
     sidecar = read_sidecar(result_dir)
     if sidecar.state == "unreadable":
@@ -162,6 +199,14 @@ def summary(result_dir: Path, report: Path, ended_by: int | None = None, started
             f"Sidecar: {sidecar.path}. "
             + (f"Then {signalled}. " if signalled else "")
             + f"Next: eval-probe read {result_dir}"
+            + (f"; still running then: {still_running} process(es) it started (listed above)" if still_running else "")
+        )
+    if still_running:
+        return (
+            "summary: not known yet (no trip record of this run so far)"
+            + (f"; {signalled}" if signalled else "")
+            + f"; still running then: {still_running} process(es) it started (listed above): run eval-probe read "
+            f"{result_dir} once they finish"
         )
     try:
         evaluations = read_report(str(report))

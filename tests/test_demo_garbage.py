@@ -3,15 +3,20 @@ a traceback, and never a made-up count."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from support.procs import PYTHON
 
 from probe import exitcodes
+from probe.demo.localtask import offline_env
 from probe.demo.servercounters import server_counters
 
 # Does not depend on the lm-eval release.
@@ -92,3 +97,26 @@ def test_counters_from_garbage_are_unknown_not_a_crash_or_zero(raw_server, metri
 def test_stats_that_are_not_counts_are_unknown(raw_server, stats: bytes) -> None:
     url = raw_server(lambda path: http(stats) if path == b"/stats" else http(b"", b"404 Not Found"))
     assert server_counters(url) == (None, None)
+
+
+def test_ctrl_c_during_the_demo_ends_it_quietly_with_130(tmp_path) -> None:
+    # Ctrl-C reaches the demo and the lm-eval it runs (one process group, as at a terminal).
+    # Before: a KeyboardInterrupt traceback from subprocess's wait.
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "probe", "demo", "--docs", "8", "--max-tokens", "1024"],
+        env=offline_env(None, TMPDIR=str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in iter(proc.stderr.readline, ""):  # "" at the end: the demo ended first (then fail below)
+            if "task:" in line:
+                break
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert "Traceback" not in err and "interrupted" in err

@@ -97,3 +97,17 @@ def test_a_file_where_the_directory_should_be_is_a_file_problem(tmp_path: Path) 
     run = eval_probe_install(tmp_path / "site")
     assert run.returncode == errors.FILE_PROBLEM and "not a directory" in run.stderr
     assert (tmp_path / "site").read_text() == "x"
+
+
+def test_an_extension_module_built_for_another_python_is_refused_too(tmp_path: Path) -> None:
+    # eval-probe may run on another Python than the lm-eval that will import DIR (pipx, a container's
+    # interpreter): a module built for that one shadows the file there. Before: written, exit 0.
+    site = tmp_path / "site"
+    site.mkdir()
+    other = site / "sitecustomize.cpython-399-x86_64-linux-gnu.so"
+    other.write_bytes(b"\x7fELF")
+    run = eval_probe_install(site)
+    assert run.returncode == errors.FILE_PROBLEM and str(other) in run.stderr, run.stdout + run.stderr
+    assert sorted(site.iterdir()) == [other]
+    other.rename(site / "sitecustomize.cpython-399-x86_64-linux-gnu.so.bak")  # not a name Python imports
+    assert eval_probe_install(site).returncode == 0

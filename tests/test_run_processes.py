@@ -54,7 +54,7 @@ def probe_sites(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "scratch").glob("eval-probe-site-*"))
 
 
-@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
 def test_a_signal_reaches_the_program_bash_runs(tmp_path: Path, number: int) -> None:
     # Before: only bash got it; it waits for its child, which ran on for the whole 60 s.
     setup = "signal.signal(signal.SIGINT, signal.default_int_handler)\n" + (
@@ -163,3 +163,85 @@ def test_members_skips_zombies_of_a_group_and_the_remover_does_not_wait_for_them
         assert eventually(lambda: not site.exists(), 10), "the remover waited on a zombie"
     finally:
         leader.wait()
+
+
+# eval-probe run in-process, with a signal sent to it at one moment of its work (``when``): while it
+# prepares the probe, just before the command is started, or while the summary is written.
+SIGNAL_AT = """
+import os, signal, subprocess, sys
+from probe import run as module
+when, scratch = sys.argv[1], sys.argv[2]
+real_popen, real_summary, real_text = subprocess.Popen, module.summary, module.sitecustomize_text
+def text(*args, **kwargs):
+    if when == "while-preparing":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_text(*args, **kwargs)
+def popen(*args, **kwargs):
+    if when == "before-start" and args[0][0] == "bash":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_popen(*args, **kwargs)
+def summary(*args, **kwargs):
+    if when == "during-summary":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_summary(*args, **kwargs)
+module.subprocess.Popen, module.summary, module.sitecustomize_text = popen, summary, text
+shell = "exit 0" if when == "during-summary" else "sleep 30.25 & wait"
+sys.exit(module.run(["bash", "-c", shell], os.path.join(scratch, "r")))
+"""
+
+
+@pytest.mark.parametrize("when", ["while-preparing", "before-start", "during-summary"])
+def test_a_signal_at_any_moment_leaves_nothing_behind(tmp_path: Path, when: str) -> None:
+    # Before: the handlers were installed only once the command had started and removed before the
+    # summary, so SIGTERM there killed eval-probe at once: its probe directory stayed in TMPDIR.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.run([PYTHON, "-c", SIGNAL_AT, when, str(scratch)], env=offline_env(None, TMPDIR=str(scratch)),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert probe_sites(tmp_path) == [], proc.stderr
+    assert "Traceback" not in proc.stderr
+    if when == "while-preparing":
+        assert proc.returncode == 128 + signal.SIGTERM and "arrived before the command started" in proc.stderr
+        assert "probe active" not in proc.stderr
+    elif when == "before-start":
+        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+        assert "summary:" in proc.stderr and "SIGTERM" in proc.stderr
+    else:
+        assert proc.returncode == 0 or proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert not [line for line in running() if "sleep 30.25" in line]
+
+
+def running() -> list[str]:
+    """The command line of every process here (those that end while listed are left out)."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            found.append(path.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_signal_ends_a_command_that_is_stopped(tmp_path: Path) -> None:
+    # A stopped process handles SIGTERM only once continued. Before: eval-probe forwarded SIGTERM
+    # and waited forever on the stopped command (`timeout` in a pipeline never ended it).
+    proc = runner(tmp_path, 'echo ready; kill -STOP $$; echo "continued"; sleep 30')
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "continued" not in out and "ended by signal 15" in err
+
+
+def test_the_summary_never_says_did_not_trip_while_what_it_started_still_runs(tmp_path: Path) -> None:
+    # Before: "the probe did not trip and wrote no report: no lm-eval model it watches ran under it"
+    # while the backgrounded lm-eval had barely started (and went on to trip).
+    proc = runner(tmp_path, "sleep 3 &")
+    _, err = proc.communicate(timeout=30)
+    [summary] = [line for line in err.splitlines() if line.startswith("[lm-eval-probe] summary:")]
+    assert "did not trip" not in summary and "not known yet" in summary, summary
+    assert "eval-probe read" in summary
