@@ -142,3 +142,21 @@ def test_pairing_trip_records_with_runs_is_linear() -> None:
     small, large = seconds(500), seconds(4000)
     ratio = large / small
     assert ratio < 24, f"8x the records took {ratio:.1f}x the time (quadratic would be about 64x)"
+
+
+def test_a_trip_record_in_a_model_directory_is_read(tmp_path: Path) -> None:
+    # A sweep that sets RESULT_DIR to each model's output path: model A tripped and crashed
+    # (its record in out/A, no results), model B is healthy. `read out/` must not say ok.
+    (tmp_path / "A").mkdir()
+    write_sidecar(tmp_path / "A", tripped_at=STARTED + 10, record={"run_id": RUN, "tasks": ["gsm8k"], "model": "A"})
+    write_sidecar(tmp_path / "A", tripped_at=STARTED + 5, name=f"{contract.SIDECAR_NAME}.stale-5",
+                  record={"run_id": "c" * 32 + ".3", "model": "A"})  # fmt: skip
+    write_run(tmp_path, {"gsm8k": 0.9}, {"gsm8k": figures()}, run_id="b" * 32 + ".2", subdir="B", model_name="B",
+              date=STARTED + 100)  # fmt: skip
+    run = read(tmp_path, "--json")
+    assert run.returncode == BELOW, run.stdout
+    orphans = [v for v in json.loads(run.stdout) if v["results_file"] is None]
+    assert sorted(v["trip_record"] for v in orphans) == [
+        str(tmp_path / "A" / contract.SIDECAR_NAME),
+        str(tmp_path / "A" / f"{contract.SIDECAR_NAME}.stale-5"),
+    ]
