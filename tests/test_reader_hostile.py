@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
-from support.resultfiles import METRIC, NAME, STARTED, evidence, figures, write_run, write_sidecar
+from support.resultfiles import METRIC, NAME, STARTED, evidence, figures, write_results, write_run, write_sidecar
 
 from probe import exitcodes
 from probe.reader.candidates import Candidate
@@ -160,3 +160,13 @@ def test_a_trip_record_in_a_model_directory_is_read(tmp_path: Path) -> None:
         str(tmp_path / "A" / contract.SIDECAR_NAME),
         str(tmp_path / "A" / f"{contract.SIDECAR_NAME}.stale-5"),
     ]
+
+
+def test_the_json_shape_with_task_is_an_object_for_one_verdict_and_a_list_for_several(tmp_path: Path) -> None:
+    # main's rule, kept and documented: a re-run into the same path makes --task a list;
+    # --newest gives back the one object.
+    write_results(tmp_path, 0.9)
+    assert isinstance(json.loads(read(tmp_path, "--json", "--task", "gsm8k").stdout), dict)
+    write_results(tmp_path, 0.9, name="results_2026-11-30T02-00-00.000000.json", date=STARTED + 100)
+    assert len(json.loads(read(tmp_path, "--json", "--task", "gsm8k").stdout)) == 2
+    assert isinstance(json.loads(read(tmp_path, "--json", "--task", "gsm8k", "--newest").stdout), dict)
