@@ -170,3 +170,15 @@ def test_the_json_shape_with_task_is_an_object_for_one_verdict_and_a_list_for_se
     write_results(tmp_path, 0.9, name="results_2026-11-30T02-00-00.000000.json", date=STARTED + 100)
     assert len(json.loads(read(tmp_path, "--json", "--task", "gsm8k").stdout)) == 2
     assert isinstance(json.loads(read(tmp_path, "--json", "--task", "gsm8k", "--newest").stdout), dict)
+
+
+def test_newest_never_picks_one_of_two_files_of_the_same_run(tmp_path: Path) -> None:
+    # InferenceX staged two files of one run (_conc4 and _conc4_1); the older says it was cut short.
+    cut = figures(tripped=True, short_circuited=3)
+    write_run(tmp_path, {"g": 0.0}, {"g": cut}, tripped=True, run_id=RUN, subdir=None,
+              name="results_2026-11-30T01-00-00.000000_conc4.json")  # fmt: skip
+    write_run(tmp_path, {"g": 0.9}, {"g": figures()}, run_id=RUN, subdir=None, date=STARTED + 1,
+              name="results_2026-11-30T01-00-00.000000_conc4_1.json")  # fmt: skip
+    run = read(tmp_path, "--newest")
+    assert run.returncode == UNAVAILABLE, run.stdout
+    assert "same run id" in run.stdout

@@ -11,7 +11,7 @@ lm-eval wrote results (killed, crashed), and it is judged on its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from probe.reader.candidates import Candidate, newest
@@ -129,6 +129,11 @@ def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list
         chosen = newest(members)
         if chosen is None:
             continue
+        twins = [c for c in members if c is not chosen and chosen.run_id is not None and c.run_id == chosen.run_id]
+        if twins and chosen.reason is None:
+            # One run writes one results file: another file of this run may say it was cut short.
+            chosen = replace(chosen, reason=f"{chosen.path} and {twins[0].path} carry the same run id "
+                             f"{chosen.run_id!r}: which one is that run's results cannot be told")  # fmt: skip
         (unusable if chosen.reason is not None or chosen.results is None else readable).append(chosen)
     return readable, unusable
 
