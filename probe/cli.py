@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="format",
         action="store_const",
         const="json",
-        help="the same as --format json (a list; one object with --task when one verdict applies)",
+        help="the same as --format json: a list; with --task, one object when exactly one verdict applies "
+        "(a re-run, several concurrencies or a failed evaluation make it a list: accept both)",
     )
 
     demo = command(

@@ -112,7 +112,12 @@ def test_a_trip_ends_only_its_own_group(sim, probed, result_dir) -> None:
 
 
 def foreign_sidecar(run_id: str, tripped_at: float) -> dict:
-    return {"schema_version": 1, "verdict": {"tripped_at": tripped_at, "pid": 1, "run_id": run_id}}
+    """A trip record another process wrote: valid by the one definition (trip_record_problem),
+    which the runtime and the reader share, so a bare {tripped_at, pid, run_id} is not one."""
+    return {"schema_version": 1, "verdict": {
+        "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
+        "finish_reasons": {"length": 16}, "max_tokens": [64], "settings": {}, "tripped_at": tripped_at,
+        "pid": 1, "run_id": run_id}, "final": None}  # fmt: skip
 
 
 @pytest.mark.parametrize("offset", [-3600, +3600])  # an earlier run's, or one stamped in the future

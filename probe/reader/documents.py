@@ -12,12 +12,9 @@ import math
 from numbers import Real
 from typing import Any
 
-from probe.runtime.sidecar import MAX_CLOCK_SKEW_S  # one bound for every recorded time
-
-# Deeper than anything lm-eval or the probe writes (a results file nests about 6 levels),
-# and far from Python's recursion limit, so that printing or walking a document that
-# passed is always safe.
-MAX_DEPTH = 64
+# One bound for every recorded time, one depth and one refusal of duplicate keys for every
+# document, the runtime's and the reader's alike.
+from probe.runtime.sidecar import MAX_CLOCK_SKEW_S, MAX_DEPTH, DuplicateKey, nested_deeper_than, unique_keys
 
 
 class Unreadable(Exception):
@@ -27,6 +24,7 @@ class Unreadable(Exception):
 def parse_json(data: bytes, finite_only: bool = False) -> Any:
     """``data`` decoded as UTF-8 JSON nested at most MAX_DEPTH levels deep.
 
+    An object that holds a key twice is refused (which value is meant cannot be told).
     With ``finite_only``, NaN, Infinity and numbers that overflow a float (``1e999``) are
     refused too. Raises :class:`Unreadable`, and nothing else, for any bad input.
     """
@@ -34,16 +32,19 @@ def parse_json(data: bytes, finite_only: bool = False) -> Any:
     try:
         text = data.decode("utf-8")
         if finite_only:
-            document = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+            document = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                                  object_pairs_hook=unique_keys)  # fmt: skip
         else:
-            document = json.loads(text)
+            document = json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as error:
+        raise Unreadable(f"not valid JSON to trust ({error})") from None
     except RecursionError:
         # Python's parser recurses once per level; a hostile file is far deeper than that.
         raise Unreadable(too_deep) from None
     except (UnicodeDecodeError, ValueError) as error:
         # ValueError also covers an integer over Python's 4300-digit int() limit.
         raise Unreadable(f"not valid JSON ({error})") from None
-    if _deeper_than(document, MAX_DEPTH):
+    if nested_deeper_than(document, MAX_DEPTH):
         raise Unreadable(too_deep)
     return document
 
@@ -68,19 +69,6 @@ def recorded_time(value: object, now: float, name: str) -> float:
     if seconds > now + MAX_CLOCK_SKEW_S:
         raise Unreadable(f"{name!r} is in the future ({seconds - now:.0f} s ahead of this machine's clock)")
     return seconds
-
-
-def _deeper_than(document: Any, limit: int) -> bool:
-    # Iterative, so that checking depth never recurses itself.
-    pending = [(document, 1)]
-    while pending:
-        value, depth = pending.pop()
-        if isinstance(value, (dict, list)):
-            if depth > limit:
-                return True
-            children = value.values() if isinstance(value, dict) else value
-            pending.extend((child, depth + 1) for child in children)
-    return False
 
 
 def _refuse_constant(name: str) -> float:

@@ -10,8 +10,8 @@ lm-eval wrote results (killed, crashed), and it is judged on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from probe.reader.candidates import Candidate, newest
@@ -51,8 +51,9 @@ def holdings(candidates: list[Candidate], records: list[Sidecar], newest_only: b
     """Pair ``candidates`` with ``records`` (``records[0]`` is the directory's sidecar).
 
     With ``newest_only``, each slot (model directory and concurrency) keeps only its newest
-    results file, and an orphan trip is dropped when a results file of the same model
-    started after it (a re-run); one whose model cannot be told is never dropped.
+    results file, and an orphan trip is dropped when a results file of the same model, in
+    lm-eval's own layout, started after it (a re-run); one whose model cannot be told, or
+    whose only later runs are InferenceX concurrencies, is never dropped.
     """
     sidecar = records[0]
     trips = [TripContext(r.trip, r.final, r.path) for r in records if r.records_a_trip]
@@ -61,10 +62,12 @@ def holdings(candidates: list[Candidate], records: list[Sidecar], newest_only: b
     paired, orphans = _pair(readable, trips)
     if newest_only:
         readable, unusable = _newest_per_slot(candidates)
-        orphans = [t for t in orphans if not _superseded(t, readable)]
+        superseded = _superseded_by(readable)
+        orphans = [t for t in orphans if not superseded(t)]
     default = _unpaired_state(sidecar)
+    latest_trip = max((t.tripped_at for t in trips), default=None)
     evaluations = [
-        Evaluation(c, paired.get(id(c)), _view(paired.get(id(c)), c, trips, sidecar, default))
+        Evaluation(c, paired.get(id(c)), _view(paired.get(id(c)), c, latest_trip, sidecar, default))
         for c in sorted(readable, key=_order)
     ]
     broken = [r for r in records[1:] if r.state is SidecarState.UNREADABLE]
@@ -90,15 +93,20 @@ def _pair(readable: list[Candidate], trips: list[TripContext]) -> tuple[dict[int
             paired.setdefault(id(owner), trip)
         if not owners:
             unclaimed.append(trip)
-    # Runs without a run id, latest start first; each takes at most one record.
-    legacy = sorted((c for c in readable if c.run_id is None), key=lambda c: c.started_at or 0.0, reverse=True)
-    orphans = []
+    # Runs without a run id, latest start first; each takes at most one record: the latest
+    # trip takes the latest run it may own. Trips go latest first, so a run too late for one
+    # trip is too late for every later one: one pointer walks the runs once (linear).
+    legacy = sorted((c for c in readable if c.run_id is None and c.started_at is not None),
+                    key=lambda c: c.started_at or 0.0, reverse=True)  # fmt: skip
+    orphans, next_run = [], 0
     for trip in sorted(unclaimed, key=lambda t: t.tripped_at, reverse=True):
-        taker = next((c for c in legacy if id(c) not in paired and _may_own(c, trip)), None)
-        if taker is None:
-            orphans.append(trip)
+        while next_run < len(legacy) and not _may_own(legacy[next_run], trip):
+            next_run += 1
+        if next_run < len(legacy):
+            paired[id(legacy[next_run])] = trip
+            next_run += 1
         else:
-            paired[id(taker)] = trip
+            orphans.append(trip)
     return paired, sorted(orphans, key=lambda t: t.tripped_at)
 
 
@@ -106,8 +114,10 @@ def _may_own(candidate: Candidate, trip: TripContext) -> bool:
     return candidate.started_at is not None and trip.tripped_at >= candidate.started_at - STALE_SLACK_S
 
 
-def _all_predate(trips: list[TripContext], candidate: Candidate) -> bool:
-    return bool(trips) and candidate.started_at is not None and not any(_may_own(candidate, t) for t in trips)
+def _all_predate(latest_trip: float | None, candidate: Candidate) -> bool:
+    # ``latest_trip``: the latest tripped_at of the directory's records (None: there is none).
+    return latest_trip is not None and candidate.started_at is not None and (
+        latest_trip < candidate.started_at - STALE_SLACK_S)  # fmt: skip
 
 
 def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
@@ -119,14 +129,25 @@ def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list
         chosen = newest(members)
         if chosen is None:
             continue
+        twins = [c for c in members if c is not chosen and chosen.run_id is not None and c.run_id == chosen.run_id]
+        if twins and chosen.reason is None:
+            # One run writes one results file: another file of this run may say it was cut short.
+            chosen = replace(chosen, reason=f"{chosen.path} and {twins[0].path} carry the same run id "
+                             f"{chosen.run_id!r}: which one is that run's results cannot be told")  # fmt: skip
         (unusable if chosen.reason is not None or chosen.results is None else readable).append(chosen)
     return readable, unusable
 
 
-def _superseded(trip: TripContext, readable: Iterable[Candidate]) -> bool:
-    return trip.model is not None and any(
-        c.model_name == trip.model and (c.started_at or 0.0) > trip.tripped_at for c in readable
-    )
+def _superseded_by(readable: Iterable[Candidate]) -> Callable[[TripContext], bool]:
+    """Whether a trip whose run left no results is superseded: a results file of the same
+    model in lm-eval's own layout started after it (a re-run). A trip record does not say
+    its InferenceX concurrency, so a staged file (``_conc<N>``) never supersedes one: a
+    later concurrency is another evaluation, not a re-run. Linear: one pass, then a lookup."""
+    latest: dict[str, float] = {}
+    for c in readable:
+        if c.concurrency is None and c.model_name is not None and c.started_at is not None:
+            latest[c.model_name] = max(latest.get(c.model_name, c.started_at), c.started_at)
+    return lambda trip: trip.model is not None and latest.get(trip.model, trip.tripped_at) > trip.tripped_at
 
 
 def _unpaired_state(sidecar: Sidecar) -> SidecarState:
@@ -134,12 +155,12 @@ def _unpaired_state(sidecar: Sidecar) -> SidecarState:
 
 
 def _view(
-    trip: TripContext | None, candidate: Candidate, trips: list[TripContext], sidecar: Sidecar, default: SidecarState
+    trip: TripContext | None, candidate: Candidate, latest_trip: float | None, sidecar: Sidecar, default: SidecarState
 ) -> SidecarView:
     if trip is not None:
         return SidecarView(SidecarState.VALID, trip.path)
     state = default
-    if state is SidecarState.ANOTHER_RUNS and candidate.run_id is None and _all_predate(trips, candidate):
+    if state is SidecarState.ANOTHER_RUNS and candidate.run_id is None and _all_predate(latest_trip, candidate):
         # Results without a run id: records that all predate them are stale, not another run's.
         state = SidecarState.STALE
     return SidecarView(state, Path(sidecar.path), sidecar.error)

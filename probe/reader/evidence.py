@@ -49,7 +49,17 @@ def run_evidence(document: dict[str, Any]) -> dict[str, Any] | None:
             problem = "is marked tripped while the run's evidence says nothing tripped: the evidence contradicts itself"
         if problem:
             raise Unreadable(f"the probe's evidence for task {name!r} {problem}")
+    if evidence["tripped"] and not _any_tripped(evidence):
+        # The runtime marks the run tripped only when a group tripped, and a group that
+        # tripped has observations filed under a task or as unattributed.
+        raise Unreadable("the probe's evidence says the run tripped, yet marks no task (nor unattributed requests) as "
+                         "tripped: the evidence contradicts itself")  # fmt: skip
     return evidence
+
+
+def _any_tripped(evidence: dict[str, Any]) -> bool:
+    unattributed = evidence.get("unattributed")
+    return any(f["tripped"] for f in evidence["tasks"].values()) or bool(unattributed and unattributed["tripped"])
 
 
 def _figures_problem(figures: Any) -> str | None:

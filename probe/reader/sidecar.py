@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.reader.documents import Unreadable, parse_json
-from probe.reader.files import list_directory, read_regular_file
+from probe.reader.files import list_directory, read_regular_file, resolve_inside
 from probe.reader.model import SidecarState
 from probe.runtime.contract import SIDECAR_NAME
 from probe.runtime.sidecar import MAX_SIDECAR_BYTES, trip_record_problem
@@ -47,16 +47,45 @@ def read_sidecar(result_dir: Path | str, now: float | None = None) -> Sidecar:
 
 
 def read_trip_records(result_dir: Path | str, now: float | None = None) -> list[Sidecar]:
-    """The sidecar of ``result_dir`` (absent or not) followed by every record moved aside
-    beside it, in name order. A directory that cannot be listed makes the sidecar itself
-    unreadable: a record there may have been missed."""
+    """The sidecar of ``result_dir`` (absent or not), every record moved aside beside it, in
+    name order, then the same in each of its subdirectories (lm-eval's model directories: a
+    sweep that points RESULT_DIR at each model's output path leaves its records there), the
+    absent ones left out. When ``result_dir`` cannot be listed its sidecar is unreadable: a
+    record there may have been missed. A subdirectory that cannot be listed, or is a link
+    leading outside ``result_dir``, is not read here: the results reader already makes it an
+    unavailable verdict."""
     root = Path(result_dir)
     now = time.time() if now is None else now
     try:
-        moved = [Path(e.path) for e in list_directory(root) if _MOVED_ASIDE.fullmatch(e.name)]
+        entries = list_directory(root)
     except Unreadable as error:
         return [Sidecar(SidecarState.UNREADABLE, root / SIDECAR_NAME, error=f"{root}: {error}")]
-    return [read_sidecar(root, now), *(read_trip_record(root, path, now) for path in moved)]
+    found = [read_sidecar(root, now), *_moved_aside(root, root, entries, now)]
+    for entry in entries:
+        if not _is_directory(entry):
+            continue
+        directory = Path(entry.path)
+        try:
+            resolve_inside(root, directory)
+            inner = list_directory(directory)
+        except Unreadable:
+            continue  # the results reader makes it an unavailable row of its own (list_candidates)
+        own = read_trip_record(root, directory / SIDECAR_NAME, now)
+        found += [own] if own.state is not SidecarState.ABSENT else []
+        found += _moved_aside(root, directory, inner, now)
+    return found
+
+
+def _moved_aside(root: Path, directory: Path, entries: list[os.DirEntry[str]], now: float) -> list[Sidecar]:
+    names = sorted(e.name for e in entries if _MOVED_ASIDE.fullmatch(e.name))
+    return [read_trip_record(root, directory / name, now) for name in names]
+
+
+def _is_directory(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # follows a link: a linked model directory counts
+    except OSError:
+        return False  # the results reader reports what cannot be examined
 
 
 def read_trip_record(root: Path, path: Path, now: float | None = None) -> Sidecar:

@@ -199,10 +199,12 @@ class _Judge:
                              "no results row for it: the evidence contradicts itself", task=name, sidecar=view)
             for name in sorted(facts.cut_short - set(results))
         ]  # fmt: skip
-        judged = {name: self.task(source, evaluation, facts, name, row) for name, row in rows.items()}
-        if not judged and not found:
+        # A group follows every row of its tasks, those that cannot be judged included.
+        judged = {v.task or "": v for v in found}
+        judged.update((name, self.task(source, evaluation, facts, name, row)) for name, row in rows.items())
+        if not judged:
             return [self.unavailable(source, f"no task in {c.path.name}", sidecar=view)]
-        return found + list(_fold_groups(judged, c.subtasks or {}, self).values())
+        return list(_fold_groups(judged, c.subtasks or {}, self).values())
 
     def task(self, source: Source, evaluation: Evaluation, facts: _RunFacts, task: str, metrics: dict) -> Verdict:
         options = self.options
@@ -261,9 +263,14 @@ class _RunFacts:
         self.trip = trip
         self.figures: dict[str, dict[str, Any]] = evidence.get("tasks", {})
         named = trip.named_tasks() if trip else set()
+        if trip is not None and not named:
+            named = None  # a trip that names no task it cut: which tasks it cut cannot be told
         self.cut_short = {name for name, figures in self.figures.items() if figures["tripped"]} | (named or set())
         tripped = trip is not None or evidence.get("tripped") is True
         self.unknown = tripped and (named is None or ev.blanked_unattributed(evidence))
+        # A task's figures clear it only when the process that wrote them saw the trip; else
+        # another process of the run (a data-parallel worker, say) may have blanked it.
+        self.saw_trip = evidence.get("tripped") is True
         self.only_task = len([r for r in (candidate.results or {}).values() if isinstance(r, dict)]) == 1
 
     def marks(self, task: str) -> bool:
@@ -272,7 +279,7 @@ class _RunFacts:
 
     def may_have_blanked(self, task: str) -> bool:
         figures = self.figures.get(task)
-        return self.unknown and not (figures and not figures["short_circuited"])
+        return self.unknown and not (self.saw_trip and figures and not figures["short_circuited"])
 
 
 def _fold_groups(verdicts: dict[str, Verdict], subtasks: dict[str, list[str]], judge: _Judge) -> dict[str, Verdict]:

@@ -187,7 +187,9 @@ def read_sidecar_at(path: str) -> tuple[dict[str, Any] | None, str]:
     finally:
         os.close(fd)
     try:
-        document = json.loads(raw.decode("utf-8"))
+        document = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
+    except DuplicateKey as error:
+        return None, f"a file that is not valid JSON ({error})"
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None, "a file that is not valid JSON"
     problem = trip_record_problem(document)
@@ -196,6 +198,43 @@ def read_sidecar_at(path: str) -> tuple[dict[str, Any] | None, str]:
 
 # How far in the future a recorded time may lie: the clocks of two hosts differ a little.
 MAX_CLOCK_SKEW_S = 300.0
+# Deeper than anything lm-eval or the probe writes (a results file nests about 6 levels),
+# and far from Python's recursion limit, so that walking a document that passed is safe.
+MAX_DEPTH = 64
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that holds one key twice: which value is meant cannot be told."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook`` for files others wrote: an object that holds a
+    key twice raises DuplicateKey (Python would silently keep the last value, so a file
+    could carry a tripped record and a healthy one, and read as the healthy one)."""
+    document = dict(pairs)
+    if len(document) == len(pairs):
+        return document
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(f"duplicate key {key!r} in one object: which of its values is meant cannot be told")
+        seen.add(key)
+    return document  # unreachable: fewer keys than pairs means one came twice
+
+
+def nested_deeper_than(document: Any, limit: int) -> bool:
+    """Whether parsed JSON nests deeper than ``limit`` levels. Iterative: it never recurses."""
+    pending = [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            pending.extend((child, depth + 1) for child in children)
+    return False
+
+
 # The trip record's fields and their types: what the runtime writes (trip_document) and what
 # any reader of a sidecar may rely on. bool is refused where an int is meant (True == 1).
 TRIP_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -216,13 +255,16 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
 
     Valid means: an object whose ``schema_version`` is the integer SCHEMA_VERSION (not
     ``true``), whose ``verdict`` (the trip record) holds every field of TRIP_RECORD_FIELDS
-    with its type, whose ``final`` is null or an object, and which holds no non-finite
-    number anywhere. With ``now``, a ``tripped_at`` later than ``now`` by more than
+    with its type, whose ``final`` is null or an object, which nests at most MAX_DEPTH
+    levels and holds no non-finite number anywhere (and, as read from a file, no object
+    holds a key twice: ``unique_keys``). With ``now``, a ``tripped_at`` later than ``now`` by more than
     MAX_CLOCK_SKEW_S is refused too (a reader judging a finished run asks that; the runtime,
     which only moves another run's record aside, does not).
     """
     if not isinstance(document, dict):
         return "a JSON document that is not an object"
+    if nested_deeper_than(document, MAX_DEPTH):
+        return f"a sidecar nested more than {MAX_DEPTH} levels deep"
     version = document.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:
         return f"schema_version {version!r} is not the supported {SCHEMA_VERSION}"
