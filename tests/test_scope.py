@@ -202,3 +202,94 @@ def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir
         install.uninstall()
     assert state.SCOPES == [] and state.ACTIVE is None
     assert sys.modules.get("lm_eval.evaluator") is not None
+
+
+# A sweep that does not go through simple_evaluate: the first evaluation trips, then the
+# script calls lm-eval's evaluate itself on a model it built, against a healthy server.
+_DIRECT = """
+import sys
+import lm_eval, lm_eval.evaluator
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager, get_task_dict
+from lm_eval.loggers import EvaluationTracker
+
+try:
+    from lm_eval.utils import load_yaml_config
+except ImportError:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    def load_yaml_config(path):
+        return load_yaml(path, resolve_func=True)
+
+ARGS = ("model=sim,base_url={}/v1/completions,num_concurrent=8,tokenized_requests=False,tokenizer_backend=None,"
+        "max_retries=2")
+lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(sys.argv[2]),
+                        tasks=[load_yaml_config(sys.argv[1])], gen_kwargs="max_tokens=2048")
+lm = get_model("local-completions").create_from_arg_string(ARGS.format(sys.argv[3]))
+tasks = get_task_dict([load_yaml_config(sys.argv[1])], TaskManager())
+for task in tasks.values():
+    task.set_config(key="generation_kwargs", value={"max_tokens": 2048}, update=True)
+results = lm_eval.evaluator.evaluate(lm=lm, task_dict=tasks)
+tracker = EvaluationTracker(output_path=sys.argv[4])
+tracker.general_config_tracker.model_name = "direct"
+tracker.save_results_aggregated(results=results, samples=None)
+"""
+
+
+def test_an_evaluation_through_evaluate_itself_gets_its_own_scope(sim, tmp_path: Path) -> None:
+    task = write_task(tmp_path / "task", DOCS)
+    never, healthy = sim("never_stop"), sim("healthy")
+    output = tmp_path / "out"
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output))
+    command = [PYTHON, "-c", _DIRECT, str(task.yaml), never.base_url, healthy.base_url, str(output / "direct")]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert healthy.snapshot()["generate_requests"] == DOCS
+    second = _results(output / "direct")
+    assert second["results"][task.name][METRIC] == 1.0
+    mine = second[EVIDENCE_KEY]
+    assert (mine["tripped"], mine["tasks"][task.name]["observations"]) == (False, DOCS)
+
+
+_THREADS = """
+import sys, threading
+import lm_eval
+
+try:
+    from lm_eval.utils import load_yaml_config
+except ImportError:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    def load_yaml_config(path):
+        return load_yaml(path, resolve_func=True)
+
+ARGS = ("model=sim,base_url={}/v1/completions,num_concurrent=8,tokenized_requests=False,tokenizer_backend=None,"
+        "max_retries=2")
+scores = {}
+
+def evaluate(url):
+    results = lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(url),
+                                      tasks=[load_yaml_config(sys.argv[1])], gen_kwargs="max_tokens=2048")
+    evidence = results["hyperloom_eval_probe"]
+    scores[url] = (evidence["tripped"], sum(t["observations"] for t in evidence["tasks"].values()))
+
+threads = [threading.Thread(target=evaluate, args=(url,)) for url in sys.argv[2:]]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print([scores[url] for url in sys.argv[2:]])
+"""
+
+
+def test_two_threads_evaluating_at_once_each_use_their_own_scope(sim, tmp_path: Path) -> None:
+    """Before, the later evaluation's scope replaced the earlier one's in mid-run: the
+    run hung (the gates of one scope never released the other's calls)."""
+    task = write_task(tmp_path / "task", DOCS)
+    never, healthy = sim("never_stop", seconds_per_token=0.0005), sim("healthy")
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(tmp_path / "out"))
+    command = [PYTHON, "-c", _THREADS, str(task.yaml), never.base_url, healthy.base_url]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1] == f"[(True, 16), (False, {DOCS})]"
+    assert healthy.snapshot()["generate_requests"] == DOCS
