@@ -293,3 +293,22 @@ def test_two_threads_evaluating_at_once_each_use_their_own_scope(sim, tmp_path: 
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.splitlines()[-1] == f"[(True, 16), (False, {DOCS})]"
     assert healthy.snapshot()["generate_requests"] == DOCS
+
+
+@pytest.mark.parametrize("fifo", ["report", "lock"])
+def test_a_report_or_its_lock_that_is_a_fifo_never_hangs_the_process_at_exit(sim, tmp_path: Path, fifo: str) -> None:
+    """Before, opening the report (or the lock beside it) waited forever for a writer."""
+    import os
+
+    server = sim("healthy")
+    report = tmp_path / "observed.json"
+    os.mkfifo(report if fifo == "report" else f"{report}.lock")
+    code = (
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"from support.lm import completions, generate\ngenerate(completions({server.base_url!r}), 3)\n"
+    )
+    env = offline_env(probe_site(tmp_path / "site"), HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
+    run = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"could not write the observation report {report}" in run.stderr
+    assert report.is_fifo() or Path(f"{report}.lock").is_fifo()  # left as it is
