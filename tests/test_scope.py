@@ -312,3 +312,21 @@ def test_a_report_or_its_lock_that_is_a_fifo_never_hangs_the_process_at_exit(sim
     assert run.returncode == 0, run.stderr[-2000:]
     assert f"could not write the observation report {report}" in run.stderr
     assert report.is_fifo() or Path(f"{report}.lock").is_fifo()  # left as it is
+
+
+def test_a_probe_block_that_stands_down_still_runs_the_users_file_it_shadows(tmp_path: Path) -> None:
+    """An installed directory whose file also holds the user's code (appended), with the
+    user's own sitecustomize.py after it: under ``eval-probe run`` (whose probe-made file
+    comes first and chains into it) the user's file still runs, once, as it does unwrapped."""
+    mine = probe_site(tmp_path / "mine")
+    with (mine / "sitecustomize.py").open("a") as handle:
+        handle.write("print('appended ran')\n")
+    user = _user_site(tmp_path / "user")
+    env = offline_env(None, PYTHONPATH=f"{mine}:{user}")
+    alone = subprocess.run([PYTHON, "-c", _ONCE], env=env, capture_output=True, text=True, timeout=60)
+    command = [PYTHON, "-m", "probe", "run", "--", PYTHON, "-c", _ONCE]
+    wrapped = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert wrapped.returncode == 0 and "Error" not in wrapped.stderr, wrapped.stderr[-2000:]
+    expected = ["user start-up ran", "appended ran", "booted True", "runtimes 1"]
+    assert alone.stdout.splitlines() == expected
+    assert [line for line in wrapped.stdout.splitlines() if "eval-probe" not in line][-4:] == expected
