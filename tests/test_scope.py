@@ -207,11 +207,10 @@ def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir
 # A sweep that does not go through simple_evaluate: the first evaluation trips, then the
 # script calls lm-eval's evaluate itself on a model it built, against a healthy server.
 _DIRECT = """
-import sys
+import json, sys
 import lm_eval, lm_eval.evaluator
 from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager, get_task_dict
-from lm_eval.loggers import EvaluationTracker
 
 try:
     from lm_eval.utils import load_yaml_config
@@ -230,9 +229,8 @@ tasks = get_task_dict([load_yaml_config(sys.argv[1])], TaskManager())
 for task in tasks.values():
     task.set_config(key="generation_kwargs", value={"max_tokens": 2048}, update=True)
 results = lm_eval.evaluator.evaluate(lm=lm, task_dict=tasks)
-tracker = EvaluationTracker(output_path=sys.argv[4])
-tracker.general_config_tracker.model_name = "direct"
-tracker.save_results_aggregated(results=results, samples=None)
+evidence = results["hyperloom_eval_probe"]
+print(json.dumps([results["results"][sys.argv[4]][sys.argv[5]], evidence["tripped"], evidence["tasks"]]))
 """
 
 
@@ -241,14 +239,12 @@ def test_an_evaluation_through_evaluate_itself_gets_its_own_scope(sim, tmp_path:
     never, healthy = sim("never_stop"), sim("healthy")
     output = tmp_path / "out"
     env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output))
-    command = [PYTHON, "-c", _DIRECT, str(task.yaml), never.base_url, healthy.base_url, str(output / "direct")]
+    command = [PYTHON, "-c", _DIRECT, str(task.yaml), never.base_url, healthy.base_url, task.name, METRIC]
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert healthy.snapshot()["generate_requests"] == DOCS
-    second = _results(output / "direct")
-    assert second["results"][task.name][METRIC] == 1.0
-    mine = second[EVIDENCE_KEY]
-    assert (mine["tripped"], mine["tasks"][task.name]["observations"]) == (False, DOCS)
+    score, tripped, tasks = json.loads(run.stdout.splitlines()[-1])
+    assert (score, tripped, tasks[task.name]["observations"]) == (1.0, False, DOCS)
 
 
 _THREADS = """
