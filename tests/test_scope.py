@@ -202,3 +202,127 @@ def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir
         install.uninstall()
     assert state.SCOPES == [] and state.ACTIVE is None
     assert sys.modules.get("lm_eval.evaluator") is not None
+
+
+# A sweep that does not go through simple_evaluate: the first evaluation trips, then the
+# script calls lm-eval's evaluate itself on a model it built, against a healthy server.
+_DIRECT = """
+import json, sys
+import lm_eval, lm_eval.evaluator
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager, get_task_dict
+
+try:
+    from lm_eval.utils import load_yaml_config
+except ImportError:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    def load_yaml_config(path):
+        return load_yaml(path, resolve_func=True)
+
+ARGS = ("model=sim,base_url={}/v1/completions,num_concurrent=8,tokenized_requests=False,tokenizer_backend=None,"
+        "max_retries=2")
+lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(sys.argv[2]),
+                        tasks=[load_yaml_config(sys.argv[1])], gen_kwargs="max_tokens=2048")
+lm = get_model("local-completions").create_from_arg_string(ARGS.format(sys.argv[3]))
+tasks = get_task_dict([load_yaml_config(sys.argv[1])], TaskManager())
+for task in tasks.values():
+    task.set_config(key="generation_kwargs", value={"max_tokens": 2048}, update=True)
+results = lm_eval.evaluator.evaluate(lm=lm, task_dict=tasks)
+evidence = results["hyperloom_eval_probe"]
+print(json.dumps([results["results"][sys.argv[4]][sys.argv[5]], evidence["tripped"], evidence["tasks"]]))
+"""
+
+
+def test_an_evaluation_through_evaluate_itself_gets_its_own_scope(sim, tmp_path: Path) -> None:
+    task = write_task(tmp_path / "task", DOCS)
+    never, healthy = sim("never_stop"), sim("healthy")
+    output = tmp_path / "out"
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(output))
+    command = [PYTHON, "-c", _DIRECT, str(task.yaml), never.base_url, healthy.base_url, task.name, METRIC]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert healthy.snapshot()["generate_requests"] == DOCS
+    score, tripped, tasks = json.loads(run.stdout.splitlines()[-1])
+    assert (score, tripped, tasks[task.name]["observations"]) == (1.0, False, DOCS)
+
+
+_THREADS = """
+import sys, threading
+import lm_eval
+
+try:
+    from lm_eval.utils import load_yaml_config
+except ImportError:
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    def load_yaml_config(path):
+        return load_yaml(path, resolve_func=True)
+
+ARGS = ("model=sim,base_url={}/v1/completions,num_concurrent=8,tokenized_requests=False,tokenizer_backend=None,"
+        "max_retries=2")
+scores = {}
+
+def evaluate(url):
+    results = lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(url),
+                                      tasks=[load_yaml_config(sys.argv[1])], gen_kwargs="max_tokens=2048")
+    evidence = results["hyperloom_eval_probe"]
+    scores[url] = (evidence["tripped"], sum(t["observations"] for t in evidence["tasks"].values()))
+
+threads = [threading.Thread(target=evaluate, args=(url,)) for url in sys.argv[2:]]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print([scores[url] for url in sys.argv[2:]])
+"""
+
+
+def test_two_threads_evaluating_at_once_each_use_their_own_scope(sim, tmp_path: Path) -> None:
+    """Before, the later evaluation's scope replaced the earlier one's in mid-run: the
+    run hung (the gates of one scope never released the other's calls)."""
+    task = write_task(tmp_path / "task", DOCS)
+    never, healthy = sim("never_stop", seconds_per_token=0.0005), sim("healthy")
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(tmp_path / "out"))
+    command = [PYTHON, "-c", _THREADS, str(task.yaml), never.base_url, healthy.base_url]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1] == f"[(True, 16), (False, {DOCS})]"
+    assert healthy.snapshot()["generate_requests"] == DOCS
+
+
+@pytest.mark.parametrize("fifo", ["report", "lock"])
+def test_a_report_or_its_lock_that_is_a_fifo_never_hangs_the_process_at_exit(sim, tmp_path: Path, fifo: str) -> None:
+    """Before, opening the report (or the lock beside it) waited forever for a writer."""
+    import os
+
+    server = sim("healthy")
+    report = tmp_path / "observed.json"
+    os.mkfifo(report if fifo == "report" else f"{report}.lock")
+    code = (
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"from support.lm import completions, generate\ngenerate(completions({server.base_url!r}), 3)\n"
+    )
+    env = offline_env(probe_site(tmp_path / "site"), HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
+    run = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"could not write the observation report {report}" in run.stderr
+    assert report.is_fifo() or Path(f"{report}.lock").is_fifo()  # left as it is
+
+
+def test_a_probe_block_that_stands_down_still_runs_the_users_file_it_shadows(tmp_path: Path) -> None:
+    """An installed directory whose file also holds the user's code (appended), with the
+    user's own sitecustomize.py after it: under ``eval-probe run`` (whose probe-made file
+    comes first and chains into it) the user's file still runs, once, as it does unwrapped."""
+    mine = probe_site(tmp_path / "mine")
+    with (mine / "sitecustomize.py").open("a") as handle:
+        handle.write("print('appended ran')\n")
+    user = _user_site(tmp_path / "user")
+    env = offline_env(None, PYTHONPATH=f"{mine}:{user}")
+    alone = subprocess.run([PYTHON, "-c", _ONCE], env=env, capture_output=True, text=True, timeout=60)
+    command = [PYTHON, "-m", "probe", "run", "--", PYTHON, "-c", _ONCE]
+    wrapped = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert wrapped.returncode == 0 and "Error" not in wrapped.stderr, wrapped.stderr[-2000:]
+    expected = ["user start-up ran", "appended ran", "booted True", "runtimes 1"]
+    assert alone.stdout.splitlines() == expected
+    assert [line for line in wrapped.stdout.splitlines() if "eval-probe" not in line][-4:] == expected

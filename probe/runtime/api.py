@@ -72,7 +72,7 @@ def _begin(
     lm: Any, original: Callable, args: tuple, kwargs: dict, where: str
 ) -> tuple[state.Probe | None, Request | None]:
     """The active probe and this call's request; (probe, None) when it runs unprobed."""
-    probe = state.ACTIVE
+    probe = state.active()
     if probe is None:
         return None, None
     try:
@@ -175,7 +175,7 @@ def _observing_parser(original: Callable, position: int) -> Callable:
             return [BLANK] * outputs.n
         answers = original(*args, **kwargs)
         request = _CURRENT.get()
-        probe = state.ACTIVE
+        probe = state.active()
         if request is not None and probe is not None:
             probe.observe(request, outputs)
         return answers
@@ -239,7 +239,7 @@ def observe_parser(cls: type) -> bool:
 
 def _registering_generate_until(original: Callable, api_models: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = state.ACTIVE
+        probe = state.active()
         if probe is not None:
             try:
                 probe.register(requests)

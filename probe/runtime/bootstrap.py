@@ -86,16 +86,19 @@ def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) 
     process.
 
     ``chain_source`` (``probe/runtime/chain.py``) is given only by a sitecustomize.py the
-    probe created itself, which must also run the one it shadows. The once-flag is set
-    before chaining, so a probe block in the chained file stands down: this one installs.
+    probe created itself, which must also run the one it shadows, even when it stands down
+    (a file that holds the user's code and this block, chained by another probe-made one,
+    still runs the user's file it shadows). The once-flag is set before chaining, so a
+    probe block in the chained file stands down: this one installs.
     """
-    if getattr(sys, "_lm_eval_probe_booted", False):
-        return  # installed twice (appended twice, chained, or loaded two ways): act once
+    booted = getattr(sys, "_lm_eval_probe_booted", False)
     sys._lm_eval_probe_booted = True
-    if chain_source:
+    if chain_source:  # even when standing down: the file it shadows must still run
         chain = {"__name__": "_hyperloom_eval_probe_chain"}
         exec(compile(chain_source, f"{origin} (lm-eval-probe chain)", "exec"), chain)
         chain["chain_next_sitecustomize"](origin)
+    if booted:
+        return  # installed twice (appended twice, chained, or loaded two ways): act once
     waiting = [name for name in targets if name not in sys.modules]
     if waiting:
         sys.meta_path.insert(0, WaitForLmEval(packed, origin, waiting))

@@ -27,15 +27,22 @@ def chain_next_sitecustomize(own_file: str) -> None:
         from importlib.machinery import PathFinder
         from importlib.util import module_from_spec
 
-        skipped = {os.path.dirname(os.path.abspath(own_file))}
+        here = os.path.dirname(os.path.abspath(own_file))
+        entries = [os.path.abspath(p or os.curdir) for p in sys.path]
+        # Only what this file shadows: the entries after its own (a chained file chaining
+        # back to an earlier one would loop); and never a file twice in one process.
+        after = entries[entries.index(here) + 1 :] if here in entries else entries
+        ran = sys.__dict__.setdefault("_lm_eval_probe_chained", {os.path.abspath(own_file)})
+        skipped = {here}
         while True:  # each round skips one more directory, so it ends
-            others = [p for p in sys.path if os.path.abspath(p or os.curdir) not in skipped]
+            others = [p for p in after if p not in skipped]
             spec = PathFinder.find_spec("sitecustomize", others)
             if spec is None or spec.loader is None or not spec.origin:
                 return
-            if not _made_by_probe(spec.origin):
+            if not _made_by_probe(spec.origin) and os.path.abspath(spec.origin) not in ran:
                 break
             skipped.add(os.path.dirname(os.path.abspath(spec.origin)))
+        ran.add(os.path.abspath(spec.origin))
         ours = sys.modules.get("sitecustomize")
         module = module_from_spec(spec)
         sys.modules["sitecustomize"] = module

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -20,11 +21,30 @@ from probe.runtime.log import say
 from probe.runtime.sidecar import write_json_atomic
 
 
+def _open(path: str, flags: int) -> int:
+    """``os.open`` that never blocks on a FIFO or a device: OSError for anything but a
+    regular file (a process must never hang at exit on its report)."""
+    fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
+def _read(path: str) -> Any:
+    """The JSON document at ``path``; None when absent; OSError or ValueError when unreadable."""
+    try:
+        fd = _open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
 def read_report(path: str) -> list[dict[str, Any]]:
     """The evaluations a report lists, oldest first; [] when it is absent or not a report."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = _read(path)
     except (OSError, ValueError):
         return []
     evaluations = document.get("evaluations") if isinstance(document, dict) else None
@@ -34,7 +54,7 @@ def read_report(path: str) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
     """Hold an exclusive lock beside ``path`` (where fcntl exists; elsewhere none is taken)."""
-    with open(f"{path}.lock", "a", encoding="utf-8") as lock:
+    with os.fdopen(_open(f"{path}.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as lock:
         try:
             import fcntl
 
@@ -47,6 +67,8 @@ def _locked(path: str) -> Iterator[None]:
 def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
     """Append ``evaluations`` to the report at ``path``, keeping what other processes wrote."""
     with _locked(path):
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise OSError(f"{path} is not a regular file; it is left as it is")
         listed = read_report(path) + evaluations
         write_json_atomic(
             path, {"schema_version": SCHEMA_VERSION, "probe_version": PROBE_VERSION, "evaluations": listed}

@@ -21,7 +21,7 @@ from probe.runtime.patching import mark, wrap
 
 def _carrying_evidence(original: Callable) -> Callable:
     def save_results_aggregated(self: Any, results: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = state.ACTIVE
+        probe = state.active()
         if probe is not None and isinstance(results, dict) and EVIDENCE_KEY not in results:
             try:
                 results[EVIDENCE_KEY] = probe.evidence_document()

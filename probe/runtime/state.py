@@ -11,6 +11,7 @@ the backends (``api``, ``vllm_offline``) turn calls into requests and requests i
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 import time
@@ -238,11 +239,29 @@ def _evidence(group: Group) -> str:
     )
 
 
-# The scope the wrappers use now (looked up on every call): the running evaluation's, else
-# the process's default one; None while the probe is off.
+# The process's default scope (requests made outside any evaluation: lm-eval's models driven
+# directly), else the evaluation begun last; None while the probe is off. The wrappers ask
+# :func:`active`, which prefers the evaluation the calling thread (or task) runs in.
 ACTIVE: Probe | None = None
 # Every scope this process had, oldest first: the report at exit and the final counters.
 SCOPES: list[Probe] = []
+# The scope of the evaluation that the current thread or asyncio task runs in (None: one run
+# with the probe off); _OUTSIDE when it runs in none. A context variable, so that two
+# evaluations run by two threads never use each other's scope (asyncio.run and every task
+# copy it); a thread an evaluation starts itself falls back on ACTIVE.
+_OUTSIDE = object()
+_EVALUATION: contextvars.ContextVar[Any] = contextvars.ContextVar("lm_eval_probe_evaluation", default=_OUTSIDE)
+
+
+def active() -> Probe | None:
+    """The scope the wrappers use now: the running evaluation's, else ACTIVE."""
+    scope = _EVALUATION.get()
+    return ACTIVE if scope is _OUTSIDE else scope
+
+
+def in_evaluation() -> bool:
+    """Whether the caller runs inside an evaluation (whose scope it must not replace)."""
+    return _EVALUATION.get() is not _OUTSIDE
 
 
 def activate(settings: Settings) -> Probe:
@@ -263,6 +282,23 @@ def begin_evaluation(settings: Settings) -> Probe:
     ACTIVE = Probe(settings, evaluation=True)
     SCOPES.append(ACTIVE)
     return ACTIVE
+
+
+def enter(probe: Probe | None) -> contextvars.Token:
+    """The caller runs the evaluation of ``probe`` (None: unprobed) until :func:`leave`."""
+    return _EVALUATION.set(probe)
+
+
+def leave(token: contextvars.Token, probe: Probe | None, settings: Settings | None) -> None:
+    """The evaluation entered with ``token`` ended: what runs after it, outside any evaluation,
+    gets a fresh default scope under ``settings`` (None: the probe is off), never the ended
+    evaluation's groups and trips."""
+    global ACTIVE
+    _EVALUATION.reset(token)
+    if probe is not None and ACTIVE is probe:
+        ACTIVE = None
+        if settings is not None and settings.enabled:
+            activate(settings)
 
 
 def end_probing() -> None:

@@ -170,13 +170,13 @@ _UNHOOKABLE: set[type] = set()  # engine classes that could not be hooked: said 
 
 def _probed_generate_until(original: Callable, vllm_causallms: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
-        prompts = None
-        if state.ACTIVE is not None:
+        prompts, probe = None, state.active()
+        if probe is not None:
             try:
-                state.ACTIVE.register(requests)
+                probe.register(requests)
                 prompts = Prompts({id(r.args[1]): getattr(r, "task_name", None) for r in requests})
             except Exception as error:
-                state.ACTIVE.errors.report("vllm generate_until", error)
+                probe.errors.report("vllm generate_until", error)
         token = _PROMPTS.set(prompts)
         try:
             seed = state.ACTIVE.gates.sampling.seed if prompts is not None else None
@@ -205,7 +205,7 @@ def _probed_model_generate(original: Callable) -> Callable:
     ) -> Any:
         prompts = _PROMPTS.get()
         gen_kwargs, tasks = prompts.take() if prompts is not None else ([], [])
-        probe, watched = state.ACTIVE, None
+        probe, watched = state.active(), None
         if probe is not None and generate and isinstance(sampling_params, list):
             watched = _watch(probe, self, requests, sampling_params, gen_kwargs, tasks)
         if probe is None or watched is None:  # unprobed: loglikelihood, the probe off, or as _watch said
