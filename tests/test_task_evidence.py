@@ -81,11 +81,11 @@ def test_read_gives_each_of_two_tasks_its_own_status(two_tasks) -> None:
     table = read_cli(output)
     assert table.returncode == 1  # the worst status: below_floor
     lines = table.stdout.splitlines()
-    (path,) = output.glob("*/results_*.json")
+    (path,) = written_by_lm_eval(output, "results_*.json")
     assert lines[0].startswith(f"{path} (run ")  # the block names its results file and run
     rows = {line.split()[0]: line.split() for line in lines[2:4]}
     assert rows[healthy][2:4] == ["1", "ok"] and rows[broken][2:4] == ["0", "below_floor"]
-    assert "non-termination: cut short" in table.stdout
+    assert "output cap: cut short" in table.stdout  # the trip names its cause
     assert read_cli(output, "--task", healthy).returncode == 0
     one = read_cli(output, "--task", broken, "--json")
     assert one.returncode == 1 and json.loads(one.stdout)["pathology"]["tasks"] == [broken]
