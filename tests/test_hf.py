@@ -90,7 +90,7 @@ def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, tasks, tmp
     generate, _ = tasks
     _, unprobed = evaluate_hf(models / "stops", [generate.yaml], tmp_path / "plain", MAX_TOKENS, BATCH, False)
     run, probed = evaluate_hf(models / "stops", [generate.yaml], tmp_path / "probed", MAX_TOKENS, BATCH, True, **KNOBS)
-    assert f"the probe did not trip: 0 of {DOCS} generations observed ended at the cap" in run.stderr
+    assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
     assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
     assert probed == unprobed
@@ -157,7 +157,7 @@ def test_a_backend_that_cannot_be_hooked_runs_unprobed_with_one_message(models, 
     run, counts = evaluate_hf(
         models / "never_stop", [small.yaml], tmp_path / "out", MAX_TOKENS, BATCH, True, site=site, **KNOBS
     )
-    assert run.stderr.count("[lm-eval-probe] could not install on lm-eval's Hugging Face backend") == 1
+    assert run.stderr.count("[lm-eval-probe] could not install on lm_eval.models.huggingface") == 1
     assert "HFLM class is not as this probe knows it" in run.stderr
     assert "[lm-eval-probe] internal error" not in run.stderr
     assert counts["generated_tokens"] == MIN_SAMPLES * MAX_TOKENS

@@ -24,14 +24,12 @@ import inspect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from probe.runtime import state
 from probe.runtime.answers import BLANK
 from probe.runtime.groups import Group, Request, group_key
 from probe.runtime.integration import Integration
-from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, restore_where, wrap
 from probe.runtime.versions import LM_EVAL
 from probe.runtime.vllm_offline import OfflineModel
@@ -153,7 +151,7 @@ _PLAN: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("lm_eval_pro
 _WATCH: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("lm_eval_probe_hf_watch", default=None)
 
 
-def _probed_generate_until(original: Callable, huggingface: Any = None) -> Callable:
+def _probed_generate_until(original: Callable) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         plan = None
         probe = state.ACTIVE
@@ -164,10 +162,9 @@ def _probed_generate_until(original: Callable, huggingface: Any = None) -> Calla
                 probe.errors.report("hf generate_until", error)
         token = _PLAN.set(plan)
         try:
-            # lm-eval sorts longest prompt first; the rule must judge a uniform sample (``order``).
-            seed = probe.gates.sampling.seed if plan is not None and probe is not None else None
-            with sampled_order(seed, huggingface):
-                return original(self, requests, *args, **kwargs)
+            # Batches keep lm-eval's longest-first order (no padding cost): the rule judges the
+            # longest prompts first here, a known gap of this backend (README, "--model hf").
+            return original(self, requests, *args, **kwargs)
         finally:
             _PLAN.reset(token)
 
@@ -330,18 +327,17 @@ def install_hf(huggingface: Any) -> None:
     ):
         raise LookupError("lm-eval's HFLM class is not as this probe knows it (tested with lm-eval 0.4.9.2)")
     for name, make in (
-        ("generate_until", partial(_probed_generate_until, huggingface=huggingface)),
+        ("generate_until", _probed_generate_until),
         ("tok_batch_encode", _recording_tok_batch_encode),
         ("_model_generate", _probed_model_generate),
     ):
         wrap(cls, name, make)
     wrap(huggingface, "stop_sequences_criteria", _joining_criteria)
     wrap(huggingface, "postprocess_generated_text", _blanking_postprocess)
-    install_order(huggingface)
 
 
 def uninstall_hf(huggingface: Any) -> None:
-    """Restore ``HFLM``'s methods and the module's functions and ``Collator``."""
+    """Restore ``HFLM``'s methods and the module's functions."""
     cls = huggingface.HFLM
     restore_where(lambda owner, name: owner is cls or owner is huggingface)
 
