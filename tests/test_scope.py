@@ -204,14 +204,9 @@ def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir
     assert sys.modules.get("lm_eval.evaluator") is not None
 
 
-# A sweep that does not go through simple_evaluate: the first evaluation trips, then the
-# script calls lm-eval's evaluate itself on a model it built, against a healthy server.
-_DIRECT = """
-import json, sys
-import lm_eval, lm_eval.evaluator
-from lm_eval.api.registry import get_model
-from lm_eval.tasks import TaskManager, get_task_dict
-
+# What the scripts below share: a task YAML loaded the way each release loads it, and the model
+# arguments of the simulated server.
+_TASK_AND_ARGS = """
 try:
     from lm_eval.utils import load_yaml_config
 except ImportError:
@@ -222,7 +217,20 @@ except ImportError:
 
 ARGS = ("model=sim,base_url={}/v1/completions,num_concurrent=8,tokenized_requests=False,tokenizer_backend=None,"
         "max_retries=2")
-lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(sys.argv[2]),
+"""
+
+
+# A sweep that does not go through simple_evaluate: the first evaluation trips, then the
+# script calls lm-eval's evaluate itself on a model it built, against a healthy server.
+_DIRECT = (
+    """
+import json, sys
+import lm_eval, lm_eval.evaluator
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager, get_task_dict
+"""
+    + _TASK_AND_ARGS
+    + """lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(sys.argv[2]),
                         tasks=[load_yaml_config(sys.argv[1])], gen_kwargs="max_tokens=2048")
 lm = get_model("local-completions").create_from_arg_string(ARGS.format(sys.argv[3]))
 tasks = get_task_dict([load_yaml_config(sys.argv[1])], TaskManager())
@@ -232,6 +240,7 @@ results = lm_eval.evaluator.evaluate(lm=lm, task_dict=tasks)
 evidence = results["hyperloom_eval_probe"]
 print(json.dumps([results["results"][sys.argv[4]][sys.argv[5]], evidence["tripped"], evidence["tasks"]]))
 """
+)
 
 
 def test_an_evaluation_through_evaluate_itself_gets_its_own_scope(sim, tmp_path: Path) -> None:
@@ -247,21 +256,13 @@ def test_an_evaluation_through_evaluate_itself_gets_its_own_scope(sim, tmp_path:
     assert (score, tripped, tasks[task.name]["observations"]) == (1.0, False, DOCS)
 
 
-_THREADS = """
+_THREADS = (
+    """
 import sys, threading
 import lm_eval
-
-try:
-    from lm_eval.utils import load_yaml_config
-except ImportError:
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    def load_yaml_config(path):
-        return load_yaml(path, resolve_func=True)
-
-ARGS = ("model=sim,base_url={}/v1/completions,num_concurrent=8,tokenized_requests=False,tokenizer_backend=None,"
-        "max_retries=2")
-scores = {}
+"""
+    + _TASK_AND_ARGS
+    + """scores = {}
 
 def evaluate(url):
     results = lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(url),
@@ -276,6 +277,7 @@ for thread in threads:
     thread.join()
 print([scores[url] for url in sys.argv[2:]])
 """
+)
 
 
 def test_two_threads_evaluating_at_once_each_use_their_own_scope(sim, tmp_path: Path) -> None:
