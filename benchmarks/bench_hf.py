@@ -21,14 +21,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from probe.demo.localtask import LocalTask, write_task  # noqa: E402
+from benchmarks.bench_offline import never_stopping_setup, trip_timing  # noqa: E402
+from probe.demo.localtask import LocalTask  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
 from probe.runtime import contract  # noqa: E402
 
@@ -61,13 +61,7 @@ def evaluate(args: argparse.Namespace, task: LocalTask, model: Path, work: Path,
     sidecar = read_sidecar(output)
     figures["tripped"] = sidecar.state == "valid"
     if sidecar.state == "valid":
-        tripped_at, final = sidecar.trip["tripped_at"], sidecar.final or {}
-        figures.update(
-            trip_s=sidecar.trip["seconds_since_first_request"],
-            start_up_s=round(tripped_at - started - sidecar.trip["seconds_since_first_request"], 2),
-            exit_after_trip_s=round(ended - tripped_at, 2),
-            blank_answers=final.get("short_circuited_requests"),
-        )
+        figures.update(trip_timing(sidecar.trip, sidecar.final or {}, started, ended))
     return figures
 
 
@@ -79,11 +73,7 @@ def main() -> None:
     parser.add_argument("--hf-python", default=str(ROOT / ".venv-lm-eval-0.4.9.2" / "bin" / "python"))
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-hf-"))
-    model = work / "never_stop"
-    subprocess.run([args.hf_python, str(ROOT / "scripts" / "tiny_llama.py"), str(model), "--variant", "never_stop"],
-                   check=True, capture_output=True)  # fmt: skip
-    task = write_task(work / "task", args.n)
+    work, model, task = never_stopping_setup(args.hf_python, "bench-hf-", args.n)
     result: dict[str, Any] = {
         "backend": "hf",
         "n": args.n,

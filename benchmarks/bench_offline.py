@@ -60,17 +60,34 @@ def evaluate(args: argparse.Namespace, task: LocalTask, model: Path, work: Path,
         sidecar = read_sidecar(output)
         if sidecar.state != "valid":
             raise SystemExit(f"the probed run left no valid sidecar ({sidecar.state}); see {work / 'probed.log'}")
-        tripped_at, final = sidecar.trip["tripped_at"], sidecar.final or {}
+        figures.update(trip_timing(sidecar.trip, sidecar.final or {}, started, ended))
         figures.update(
-            trip_s=sidecar.trip["seconds_since_first_request"],
-            trip_after_start_s=round(tripped_at - started, 2),
-            # lm-eval's and the engine's start-up, the same in both runs: what the probe cannot save
-            start_up_s=round(tripped_at - started - sidecar.trip["seconds_since_first_request"], 2),
-            exit_after_trip_s=round(ended - tripped_at, 2),
-            aborted_in_engine=final.get("cancelled_in_flight"),
-            blank_answers=final.get("short_circuited_requests"),
+            trip_after_start_s=round(sidecar.trip["tripped_at"] - started, 2),
+            aborted_in_engine=(sidecar.final or {}).get("cancelled_in_flight"),
         )
     return figures
+
+
+def trip_timing(trip: dict[str, Any], final: dict[str, Any], started: float, ended: float) -> dict[str, Any]:
+    """When a probed run tripped (from its sidecar's trip record and final counters), against the
+    process's ``started`` and ``ended`` times, and how many answers it made up."""
+    return {
+        "trip_s": trip["seconds_since_first_request"],
+        # lm-eval's and the engine's start-up, the same in both runs: what the probe cannot save
+        "start_up_s": round(trip["tripped_at"] - started - trip["seconds_since_first_request"], 2),
+        "exit_after_trip_s": round(ended - trip["tripped_at"], 2),
+        "blank_answers": final.get("short_circuited_requests"),
+    }
+
+
+def never_stopping_setup(python: str, prefix: str, n: int) -> tuple[Path, Path, LocalTask]:
+    """A new work directory, the never-stopping tiny Llama built in it by ``python``, and the
+    local task of ``n`` documents."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    model = work / "never_stop"
+    subprocess.run([python, str(ROOT / "scripts" / "tiny_llama.py"), str(model), "--variant", "never_stop"],
+                   check=True, capture_output=True)  # fmt: skip
+    return work, model, write_task(work / "task", n)
 
 
 def main() -> None:
@@ -81,11 +98,7 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-offline-"))
-    model = work / "never_stop"
-    subprocess.run([args.vllm_python, str(ROOT / "scripts" / "tiny_llama.py"), str(model), "--variant", "never_stop"],
-                   check=True, capture_output=True)  # fmt: skip
-    task = write_task(work / "task", args.n)
+    work, model, task = never_stopping_setup(args.vllm_python, "bench-offline-", args.n)
     result = {
         "backend": "vllm (in-process)",
         "n": args.n,
