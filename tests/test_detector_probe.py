@@ -203,7 +203,7 @@ def test_the_detector_knobs_are_read_used_and_part_of_the_contract(result_dir: P
             assert contract.settings_fingerprint(changed) != contract.settings_fingerprint(default), name
     assert contract.read_settings({contract.ENV_DETECTOR: "0"})[0].detector is False
     # The probe's detectors take the knobs: a loop of one unit is flagged at unit
-    # ngram + ceil(threshold / (1 - drift)): 10 + 48 at the defaults, 4 + 107 here.
-    for knobs, expected in ((default, 58), (settings, 111)):
+    # ngram + ceil(threshold / (1 - drift)): 10 + 50 at the defaults, 4 + 107 here.
+    for knobs, expected in ((default, 60), (settings, 111)):
         probe, (request, *_) = _probe(20, knobs)
         assert _loop_until_flagged(probe, request, delta="ab ") == expected

@@ -160,8 +160,8 @@ class Settings:
     detector: bool = True
     detector_ngram: int = 10
     detector_window: int = 256
-    detector_drift: float = 0.5
-    detector_threshold: float = 24.0
+    detector_drift: float = 0.6
+    detector_threshold: float = 20.0
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -10,15 +10,21 @@ and the generation is flagged once ``S >= threshold``. Healthy text repeats an n
 and then (a refrain, a formula, a table's frame), which drains again at ``drift`` per unit;
 a loop repeats nearly every n-gram, so S climbs by about ``1 - drift`` per unit.
 
+One addition, for near-loops: a perturbed unit keeps the ``ngram`` n-grams around it from
+recurring, so a loop with 5% of its units replaced would score only 0.95**10 = 60% of its
+units. So the detector also locks on the distance of the last n-gram that recurred (the
+loop's period) and scores 1 for a unit equal to the unit that far back: a perturbation then
+costs about two units, not ``ngram``.
+
 Guarantees (tested as properties):
 
 - **Exact cycles.** Once a generation repeats a cycle of period P <= ``window`` units, it is
   flagged at most ``P + ngram - 1 + ceil(threshold / (1 - drift))`` units after the loop's
   first unit (:meth:`LoopDetector.flag_bound`): from then on every n-gram recurs P units back.
-- **Near-loops.** A cycle with a share q of its units perturbed still repeats most n-grams
-  (about ``(1 - q) ** ngram`` of them, more where an older copy matches), so it is flagged
-  as long as that share stays above ``drift``: at the defaults (8-grams, drift 0.5) up to
-  q of about 8%.
+- **Near-loops.** A cycle with a share q of its units replaced at random scores about
+  ``1 - 2q`` per unit (the period lock above), so it is flagged as long as that stays above
+  ``drift``: at the default drift 0.6, up to q of about 20% (measured in
+  ``benchmarks/bench_detector.py``: a 5% near-loop of 80 words within 200 units).
 - **The split does not matter.** The verdict and the unit at which it comes depend only on
   the text fed so far, never on how it was cut into deltas (units are made incrementally,
   holding back only an unfinished word piece).
@@ -28,9 +34,9 @@ Guarantees (tested as properties):
 Units are a cheap token proxy: a run of word characters (letters, digits), or of other
 characters that are not white space (punctuation), cut into pieces of at most
 ``UNIT_CHARS`` characters; white space only separates. A rule of dashes or equal signs is
-then a few units, not dozens (BPE tokenizers merge such runs too). For English
-prose a unit is about one token of a BPE tokenizer; a character-level tokenizer makes up to
-``UNIT_CHARS`` tokens per unit.
+then a few units, not dozens (BPE tokenizers merge such runs too). Healthy English and
+technical text averages 3.5 characters a unit (the benchmark), about one BPE token; a
+character-level tokenizer makes up to ``UNIT_CHARS`` tokens a unit.
 """
 
 from __future__ import annotations
