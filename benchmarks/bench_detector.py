@@ -280,10 +280,10 @@ def run(settings: Settings, n: int) -> dict[str, Any]:
         caught = sorted(x for x in found if x is not None)
         loops[label] = {"caught": len(caught), "of": len(found), "median": caught[len(caught) // 2] if caught else None,
                         "max": caught[-1] if caught else None}  # fmt: skip
-    one_character = detector(settings)
-    loops["one character repeated (characters to flag)"] = {
-        "caught": 1, "of": 1, "median": next(i for i in range(1, 10**5) if one_character.feed("a")), "max": None
-    }  # fmt: skip
+    for character, name in (("a", "a letter"), ("\n", "a newline")):
+        one_character = detector(settings)
+        flagged_at = next((i for i in range(1, 10**5) if one_character.feed(character)), None)
+        loops[f"{name} repeated (characters to flag)"] = {"caught": 1, "of": 1, "median": flagged_at, "max": None}
     rng = random.Random(3)
     vocabulary = _vocabulary(rng)
     randoms = [" ".join(rng.choice(vocabulary) for _ in range(16_384)) for _ in range(20)]

@@ -27,13 +27,15 @@ Guarantees (tested as properties):
   ``benchmarks/bench_detector.py``: a 5% near-loop of 80 words within 200 units).
 - **The split does not matter.** The verdict and the unit at which it comes depend only on
   the text fed so far, never on how it was cut into deltas (units are made incrementally,
-  holding back only an unfinished word piece).
+  holding back only an unfinished piece of a run).
 - **Flagged stays flagged**; after the flag, a delta costs nothing and the state is dropped.
 - **Bounded cost.** Each delta costs O(len(delta)) and memory is O(window): no re-scan.
 
-Units are a cheap token proxy: a run of word characters (letters, digits), or of other
-characters that are not white space (punctuation), cut into pieces of at most
-``UNIT_CHARS`` characters; white space only separates. A rule of dashes or equal signs is
+Units are a cheap token proxy: a run of word characters (letters, digits), of other
+characters that are not white space (punctuation), or of white space less its first
+character (which only separates: one space or newline makes no unit, a blank line or an
+indentation does, and so does a model that emits nothing but newlines), cut into pieces of
+at most ``UNIT_CHARS`` characters. A rule of dashes or equal signs is
 then a few units, not dozens (BPE tokenizers merge such runs too). Healthy English and
 technical text averages 3.5 characters a unit (the benchmark), about one BPE token; a
 character-level tokenizer makes up to ``UNIT_CHARS`` tokens a unit.
@@ -48,7 +50,7 @@ from collections import deque
 UNIT_CHARS = 4
 _PRIME = (1 << 61) - 1
 _BASE = 1_000_003
-_UNITS = re.compile(r"\w+|[^\w\s]+")
+_UNITS = re.compile(r"\w+|[^\w\s]+|\s+")
 
 
 class LoopDetector:
@@ -61,7 +63,7 @@ class LoopDetector:
         self.units = 0  # units completed so far
         self.flagged_at: int | None = None  # the unit count at which it flagged
         self.score = 0.0
-        self._pending = ""  # an unfinished word piece (shorter than UNIT_CHARS)
+        self._pending = ""  # an unfinished piece of a run (at most UNIT_CHARS characters)
         # The last units: enough for an n-gram, and for a copy ``window`` units back.
         self._history: deque[str] = deque(maxlen=max(ngram, window + 1))
         self._period: int | None = None  # the distance of the last n-gram that recurred
@@ -87,13 +89,17 @@ class LoopDetector:
         buffer = self._pending + text
         self._pending = ""
         for match in _UNITS.finditer(buffer):
-            word = match.group()
-            whole = len(word) if match.end() < len(buffer) else len(word) - len(word) % UNIT_CHARS
+            run = match.group()
+            # White space: its first character only separates; the rest of a run (blank lines,
+            # indentation, a model that emits nothing but newlines) is cut into units too.
+            lead = 1 if run[0].isspace() else 0
+            body = run[lead:]
+            whole = len(body) if match.end() < len(buffer) else len(body) - len(body) % UNIT_CHARS
             for start in range(0, whole, UNIT_CHARS):
-                if self._unit(word[start : min(start + UNIT_CHARS, whole)]):
+                if self._unit(body[start : min(start + UNIT_CHARS, whole)]):
                     return True
-            # A word that reaches the end of the text may go on in the next delta.
-            self._pending = word[whole:]
+            # A run that reaches the end of the text may go on in the next delta.
+            self._pending = run[:lead] + body[whole:] if match.end() == len(buffer) else ""
         return False
 
     def _unit(self, unit: str) -> bool:
