@@ -37,7 +37,7 @@ character (which only separates: one space or newline makes no unit, a blank lin
 indentation does, and so does a model that emits nothing but newlines), cut into pieces of
 at most ``UNIT_CHARS`` characters. A rule of dashes or equal signs is
 then a few units, not dozens (BPE tokenizers merge such runs too). Healthy English and
-technical text averages 3.5 characters a unit (the benchmark), about one BPE token; a
+technical text averages 3.2 characters a unit (the benchmark), about one BPE token; a
 character-level tokenizer makes up to ``UNIT_CHARS`` tokens a unit.
 """
 
