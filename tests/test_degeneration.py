@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from probe.runtime.contract import Settings
 from probe.runtime.degeneration import UNIT_CHARS, LoopDetector
 
+# Pure: does not depend on the lm-eval release; run once, against 0.4.13 (scripts/test.sh).
+pytestmark = pytest.mark.release_independent
+
 DEFAULTS = Settings()
 WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=9)
 SEPARATORS = st.sampled_from([" ", "\n", ", ", ". ", " = ", " | ", "  "])
