@@ -207,3 +207,21 @@ def test_the_detector_knobs_are_read_used_and_part_of_the_contract(result_dir: P
     for knobs, expected in ((default, 60), (settings, 111)):
         probe, (request, *_) = _probe(20, knobs)
         assert _loop_until_flagged(probe, request, delta="ab ") == expected
+
+
+def test_the_slow_start_takes_a_flagged_request_as_pathological_however_it_ended(result_dir: Path) -> None:
+    # The slow start lets more requests through for each answer that did not run to the cap;
+    # a flagged generation that then stopped is the loop it was flagged as: no credit.
+    from probe.runtime.gate import SlowStart
+
+    probe, (flagged, plain, *_) = _probe(20)
+    _loop_until_flagged(probe, flagged)
+    probe.observe(flagged, _response("stop", 100))
+    probe.observe(plain, _response("stop", 100))
+    budgets = []
+    for request in (flagged, plain):
+        policy = SlowStart.for_batch(64, probe.settings.min_samples, probe.settings.length_ratio, slow=True)
+        before = policy.budget
+        policy.finished(True, request.labels, request.group.tripped, False)
+        budgets.append(policy.budget - before)
+    assert budgets[0] == 0 and budgets[1] > 0

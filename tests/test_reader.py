@@ -134,12 +134,20 @@ def test_contract_follows_effective_values() -> None:
         "HYPERLOOM_EVAL_PROBE_LENGTH_RATIO": 0.75,
         "HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS": 1024,
         "HYPERLOOM_EVAL_PROBE_SLOW_START": "auto",
+        "HYPERLOOM_EVAL_PROBE_STREAM": "auto",
+        "HYPERLOOM_EVAL_PROBE_DETECTOR": True,
+        "HYPERLOOM_EVAL_PROBE_DETECTOR_NGRAM": 10,
+        "HYPERLOOM_EVAL_PROBE_DETECTOR_WINDOW": 256,
+        "HYPERLOOM_EVAL_PROBE_DETECTOR_DRIFT": 0.6,
+        "HYPERLOOM_EVAL_PROBE_DETECTOR_THRESHOLD": 20.0,
     }
     assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "junk"})
     assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "16"})
     assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "32"})
     assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE": "off"})
     assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE_SLOW_START": "off"})
+    assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE_DETECTOR": "off"})
+    assert contract_fingerprint({}) != contract_fingerprint({"HYPERLOOM_EVAL_PROBE_STREAM": "on"})
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,9 @@ def _figures_problem(figures: Any) -> str | None:
     caps = figures.get("max_tokens")
     if not isinstance(caps, list) or any(type(m) is not int for m in caps):
         return "has no list of max_tokens"
+    problem = _flagged_problem(figures)
+    if problem:
+        return problem
     if figures["cut_off"] > figures["observations"] or figures["empty_answers"] > figures["observations"]:
         return "counts more cut-off or empty answers than observations"
     if figures["cancelled_in_flight"] > figures["short_circuited"]:
@@ -83,6 +86,21 @@ def _figures_problem(figures: Any) -> str | None:
     if figures["short_circuited"] and not figures["tripped"]:
         return (f"says {figures['short_circuited']} of its answers were blanked by the probe, yet its 'tripped' "
                 "flag is false: the evidence contradicts itself")  # fmt: skip
+    return None
+
+
+def _flagged_problem(figures: dict[str, Any]) -> str | None:
+    """The loop detector's figures (absent from evidence written before it): a count, and the
+    endings of at most that many flagged generations."""
+    if "flagged" not in figures and "flagged_endings" not in figures:
+        return None
+    flagged, endings = figures.get("flagged"), figures.get("flagged_endings")
+    if type(flagged) is not int or flagged < 0:
+        return "has no count 'flagged'"
+    if not isinstance(endings, dict) or any(type(v) is not int or v < 0 for v in endings.values()):
+        return "has no counts 'flagged_endings'"
+    if sum(endings.values()) > flagged:
+        return "records the endings of more flagged generations than were flagged: the evidence contradicts itself"
     return None
 
 
@@ -103,6 +121,13 @@ def summed(all_figures: list[dict[str, Any]]) -> dict[str, Any] | None:
             for key, value in figures[name].items():
                 counts[key] = counts.get(key, 0) + value
         total[name] = counts
+    if any("flagged" in f for f in all_figures):
+        total["flagged"] = sum(f.get("flagged", 0) for f in all_figures)
+        endings: dict[str, int] = {}
+        for figures in all_figures:
+            for key, value in (figures.get("flagged_endings") or {}).items():
+                endings[key] = endings.get(key, 0) + value
+        total["flagged_endings"] = endings
     total["max_tokens"] = sorted({m for f in all_figures for m in f["max_tokens"]})
     total["tripped"] = any(f["tripped"] for f in all_figures)
     return total

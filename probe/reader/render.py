@@ -13,7 +13,7 @@ from typing import Any
 
 from probe.reader import evidence as ev
 from probe.reader.model import Source, Status, Verdict
-from probe.reader.words import trip_words
+from probe.reader.words import flagged_words, trip_words
 
 _HEADINGS = ("task", "metric", "score", "status", "cap rate", "cause")
 
@@ -44,6 +44,9 @@ def describe(verdict: Verdict) -> str:
             f"generations: {figures['observations']} observed of {figures['generate_requests']} asked; "
             f"{figures['cut_off']} cut off ({ev.cause_text(figures)}); {figures['empty_answers']} empty answers"
         )
+        detector = flagged_words(figures)
+        if detector:
+            lines.append(detector)
     if verdict.pathology:
         lines.append(pathology_text(verdict.pathology))
     return "\n".join(safe(line) for line in lines)
@@ -53,6 +56,9 @@ def pathology_text(found: dict[str, Any]) -> str:
     """The evidence of a trip in one paragraph."""
     words = trip_words(found)
     reasons = ", ".join(f"{k}={v}" for k, v in (found["finish_reasons"] or {}).items())
+    flagged = found.get("flagged")
+    if type(flagged) is int and flagged > 0:
+        reasons = "; ".join(part for part in (reasons, f"{flagged} flagged looping before they ended") if part)
     caps = ", ".join(str(m) for m in found["max_tokens"] or [])
     if found["short_circuited_requests"] is None:
         after = "The final counters were not written (the process ended before its exit handlers ran)."

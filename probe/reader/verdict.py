@@ -344,6 +344,26 @@ def _culprit(member: Verdict, what: str, groups: dict[str, list[str]]) -> str:
     return f"its task {member.task!r} {what} ({member.reason})"
 
 
+def _rule_view(figures: dict[str, Any]) -> dict[str, Any]:
+    """What the rule counted, from a task's figures: a generation the loop detector flagged
+    counted once, when flagged, as pathological with cause repetition (its ending, if any, is
+    filed in ``flagged_endings`` and is not counted again); every other ending by its label."""
+    reasons = figures.get("finish_reasons") or {}
+    flagged = figures.get("flagged") or 0
+    endings = figures.get("flagged_endings") or {}
+    unflagged = {label: n - endings.get(label, 0) for label, n in reasons.items()}
+    causes = dict(figures.get("causes") or {})
+    if flagged:
+        causes["repetition"] = causes.get("repetition", 0) + flagged
+    return {
+        "observations": sum(unflagged.values()) + flagged,
+        "pathological": sum(n for label, n in unflagged.items() if is_pathological(label)) + flagged,
+        "finish_reasons": reasons,
+        "flagged": flagged,
+        "cause": main_cause(causes),
+    }
+
+
 def _pathology(trip: TripContext | None, figures: dict | None) -> dict[str, Any]:
     """The evidence a cut-short verdict carries: the trip record's, else the results file's.
 
@@ -353,16 +373,12 @@ def _pathology(trip: TripContext | None, figures: dict | None) -> dict[str, Any]
     keys = (
         "pathology", "observations", "pathological", "ratio", "finish_reasons", "repetition", "max_tokens",
         "group", "tasks", "settings", "settings_fingerprint", "tripped_at_iso", "seconds_since_first_request", "pid",
-        "lm_eval_version", "model", "base_url", "run_id", "backend", "cause",
+        "lm_eval_version", "model", "base_url", "run_id", "backend", "cause", "flagged",
     )  # fmt: skip
     record = trip.record if trip else {}
     found = {k: record.get(k) for k in keys}
     if trip is None and figures is not None:  # only the results file's evidence is at hand
-        reasons = figures.get("finish_reasons") or {}
-        found.update(pathology=PATHOLOGY, observations=figures["observations"],
-                     pathological=sum(n for label, n in reasons.items() if is_pathological(label)),
-                     finish_reasons=reasons, max_tokens=figures.get("max_tokens"),
-                     cause=main_cause(figures.get("causes") or {}))  # fmt: skip
+        found.update(_rule_view(figures), pathology=PATHOLOGY, max_tokens=figures.get("max_tokens"))
     final = trip.final if trip else None
     found["short_circuited_requests"] = final.get("short_circuited_requests") if final else None
     found["cancelled_in_flight"] = final.get("cancelled_in_flight") if final else None

@@ -44,3 +44,22 @@ def trip_words(record: Mapping[str, Any] | None) -> TripWords:
     return TripWords(
         reason, f"{CAUSE_WORDS[cause]}: cut short", f"generations {what}", what + " (max_tokens {caps})", advice
     )
+
+
+def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
+    """The loop detector's line for a task's (or group's) evidence: how many generations it
+    flagged and how those that then ended ended (its precision on this run); None when it
+    flagged none, or the evidence predates it."""
+    flagged = (figures or {}).get("flagged")
+    if type(flagged) is not int or flagged <= 0:
+        return None
+    endings = (figures or {}).get("flagged_endings") or {}
+    ended = sum(endings.values())
+    said = ", ".join(f"{reason}={count}" for reason, count in sorted(endings.items()))
+    stops = endings.get("stop", 0)
+    then = f"{ended} of them then ended ({said})" if ended else "none of them had ended (those a trip cancels never do)"
+    return (
+        f"loop detector: {flagged} generations flagged looping before they ended; "
+        + then
+        + (f"; {stops} stopped by themselves (flags the model proved wrong, or loops it left)" if stops else "")
+    )

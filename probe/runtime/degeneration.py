@@ -27,27 +27,30 @@ Guarantees (tested as properties):
   ``benchmarks/bench_detector.py``: a 5% near-loop of 80 words within 200 units).
 - **The split does not matter.** The verdict and the unit at which it comes depend only on
   the text fed so far, never on how it was cut into deltas (units are made incrementally,
-  holding back only an unfinished word piece).
+  holding back only an unfinished piece of a run).
 - **Flagged stays flagged**; after the flag, a delta costs nothing and the state is dropped.
 - **Bounded cost.** Each delta costs O(len(delta)) and memory is O(window): no re-scan.
 
-Units are a cheap token proxy: a run of word characters (letters, digits), or of other
-characters that are not white space (punctuation), cut into pieces of at most
-``UNIT_CHARS`` characters; white space only separates. A rule of dashes or equal signs is
+Units are a cheap token proxy: a run of word characters (letters, digits), of other
+characters that are not white space (punctuation), or of white space less its first
+character (which only separates: one space or newline makes no unit, a blank line or an
+indentation does, and so does a model that emits nothing but newlines), cut into pieces of
+at most ``UNIT_CHARS`` characters. A rule of dashes or equal signs is
 then a few units, not dozens (BPE tokenizers merge such runs too). Healthy English and
-technical text averages 3.5 characters a unit (the benchmark), about one BPE token; a
+technical text averages 3.2 characters a unit (the benchmark), about one BPE token; a
 character-level tokenizer makes up to ``UNIT_CHARS`` tokens a unit.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from collections import deque
 
 UNIT_CHARS = 4
-_UNITS = re.compile(r"\w+|[^\w\s]+")
+_PRIME = (1 << 61) - 1
+_BASE = 1_000_003
+_UNITS = re.compile(r"\w+|[^\w\s]+|\s+")
 
 
 class LoopDetector:
@@ -60,12 +63,15 @@ class LoopDetector:
         self.units = 0  # units completed so far
         self.flagged_at: int | None = None  # the unit count at which it flagged
         self.score = 0.0
-        self._pending = ""  # an unfinished word piece (shorter than UNIT_CHARS)
+        self._pending = ""  # an unfinished piece of a run (at most UNIT_CHARS characters)
         # The last units: enough for an n-gram, and for a copy ``window`` units back.
         self._history: deque[str] = deque(maxlen=max(ngram, window + 1))
         self._period: int | None = None  # the distance of the last n-gram that recurred
-        self._last_seen: dict[tuple[str, ...], int] = {}  # n-gram -> the unit count it last ended at
-        self._order: deque[tuple[int, tuple[str, ...]]] = deque()  # (end, n-gram), to forget old ones
+        self._codes: deque[int] = deque()  # the hashes of the last ``ngram`` units (one more, briefly)
+        self._gram = 0  # the rolling hash of the last ``ngram`` units
+        self._power = pow(_BASE, ngram, _PRIME)  # what the oldest unit's hash weighs in it
+        self._last_seen: dict[int, int] = {}  # n-gram (its hash) -> the unit count it last ended at
+        self._order: deque[tuple[int, int]] = deque()  # (end, n-gram), to forget old ones
 
     @property
     def flagged(self) -> bool:
@@ -83,42 +89,59 @@ class LoopDetector:
         buffer = self._pending + text
         self._pending = ""
         for match in _UNITS.finditer(buffer):
-            word = match.group()
-            whole = len(word) if match.end() < len(buffer) else len(word) - len(word) % UNIT_CHARS
+            run = match.group()
+            # White space: its first character only separates; the rest of a run (blank lines,
+            # indentation, a model that emits nothing but newlines) is cut into units too.
+            lead = 1 if run[0].isspace() else 0
+            body = run[lead:]
+            whole = len(body) if match.end() < len(buffer) else len(body) - len(body) % UNIT_CHARS
             for start in range(0, whole, UNIT_CHARS):
-                if self._unit(word[start : min(start + UNIT_CHARS, whole)]):
+                if self._unit(body[start : min(start + UNIT_CHARS, whole)]):
                     return True
-            # A word that reaches the end of the text may go on in the next delta.
-            self._pending = word[whole:]
+            # A run that reaches the end of the text may go on in the next delta.
+            self._pending = run[:lead] + body[whole:] if match.end() == len(buffer) else ""
         return False
 
     def _unit(self, unit: str) -> bool:
         self.units += 1
-        self._history.append(unit)
-        if len(self._history) < self.ngram:
+        units, history, codes = self.units, self._history, self._codes
+        history.append(unit)
+        # The n-gram is known by a rolling hash of its units' hashes (mod a 61-bit prime): no
+        # tuple is built per unit. A collision (odds about window / 2**61) can only add a repeat.
+        code = hash(unit) % _PRIME
+        codes.append(code)
+        if len(codes) > self.ngram:
+            self._gram = (self._gram * _BASE + code - codes.popleft() * self._power) % _PRIME
+        else:
+            self._gram = (self._gram * _BASE + code) % _PRIME
+        if len(codes) < self.ngram:
             return False
-        gram = tuple(itertools.islice(self._history, len(self._history) - self.ngram, None))
-        last = self._last_seen.get(gram)
-        repeat = last is not None and self.units - last <= self.window
-        if repeat:
-            self._period = self.units - last  # type: ignore[operator]
-        elif self._period is not None and self._period < len(self._history):
+        gram = self._gram
+        last_seen = self._last_seen
+        last = last_seen.get(gram)
+        if last is not None and units - last <= self.window:
+            repeat = True
+            self._period = units - last
+        else:
             # Locked on a period: a unit that continues the copy counts even where a perturbed
             # unit nearby keeps its n-gram from recurring (a near-loop).
-            repeat = self._history[-1 - self._period] == unit
-        self._last_seen[gram] = self.units
-        self._order.append((self.units, gram))
-        while self._order[0][0] < self.units - self.window:
-            end, old = self._order.popleft()
-            if self._last_seen.get(old) == end:
-                del self._last_seen[old]
+            period = self._period
+            repeat = period is not None and period < len(history) and history[-1 - period] == unit
+        last_seen[gram] = units
+        order = self._order
+        order.append((units, gram))
+        while order[0][0] < units - self.window:
+            end, old = order.popleft()
+            if last_seen.get(old) == end:
+                del last_seen[old]
         self.score = max(0.0, self.score + repeat - self.drift)
         # A small tolerance, so that float rounding never delays the flag past flag_bound.
         if self.score >= self.threshold - 1e-9:
-            self.flagged_at = self.units
+            self.flagged_at = units
             # Flagged for good: nothing more is needed from the text.
-            self._last_seen.clear()
-            self._order.clear()
-            self._history.clear()
+            last_seen.clear()
+            order.clear()
+            history.clear()
+            codes.clear()
             return True
         return False

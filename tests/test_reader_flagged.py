@@ -1,0 +1,120 @@
+"""The reader on runs where the loop detector flagged generations: the cause, the figures the
+rule counted, the detector's precision line, and flagged evidence that contradicts itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from support.lm import completions, prompts
+from support.procs import PYTHON
+from support.resultfiles import METRIC, figures, write_run
+
+from probe import exitcodes
+from probe.runtime import contract
+from probe.runtime.state import Probe
+
+# Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
+pytestmark = pytest.mark.release_independent
+
+GEN_KWARGS = {"until": ["\n\n"], "max_tokens": 4096, "temperature": 0}
+LOOP = "so the answer is 42 and so "
+
+
+def read(directory: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "probe", "read", str(directory), *args], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def _run(result_dir: Path, flag: int, stop_after_flag: int = 0) -> Probe:
+    """A probe that saw ``flag`` looping generations of task "t" (the first ``stop_after_flag``
+    of them then ended with a stop; the others still run), as lm-eval's requests reach it."""
+    from lm_eval.api.instance import Instance
+
+    probe = Probe(contract.Settings(), evaluation=True)
+    texts = prompts(40)
+    probe.register([Instance("generate_until", {}, (t, GEN_KWARGS), i, ("t", i, 1)) for i, t in enumerate(texts)])
+    lm = completions("http://127.0.0.1:9")
+    requests = [probe.request(lm, GEN_KWARGS, [text], 4096) for text in texts]
+    for request in requests[:flag]:
+        while not request.flagged:
+            probe.partial(request, 0, LOOP)
+    for request in requests[:stop_after_flag]:
+        probe.observe(request, {"choices": [{"index": 0, "text": "42", "finish_reason": "stop"}]})
+    if requests[0].group.tripped:
+        for request in requests[flag:]:
+            probe.blanks(request)
+    return probe
+
+
+def _write_results(result_dir: Path, probe: Probe, score: float) -> None:
+    document = {
+        "results": {"t": {"alias": "t", METRIC: score}},
+        "date": (probe.groups.first_request_at or time.time()) - 5,
+        contract.EVIDENCE_KEY: probe.evidence_document(),
+    }
+    path = result_dir / "model" / "results_2026-12-01T12-00-00.000000.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document))
+
+
+def test_a_run_the_flags_tripped_reads_as_cut_short_by_repetition(result_dir: Path) -> None:
+    probe = _run(result_dir, flag=16)
+    assert probe.groups.first_request_at and next(iter(probe.groups)).tripped
+    _write_results(result_dir, probe, 0.0)
+    run = read(result_dir, "--json")
+    assert run.returncode == exitcodes.READ_STATUS["below_floor"], run.stdout
+    (verdict,) = json.loads(run.stdout)
+    found = verdict["pathology"]
+    assert (found["cause"], found["flagged"], found["pathological"], found["observations"]) == (
+        contract.REPETITION, 16, 16, 16,
+    )  # fmt: skip
+    assert verdict["evidence"]["flagged"] == 16 and verdict["evidence"]["flagged_endings"] == {}
+    assert verdict["cause"] == "repetition: cut short"
+    text = read(result_dir, "--task", "t").stdout
+    assert "(finish reasons: 16 flagged looping before they ended)" in text
+    assert "loop detector: 16 generations flagged looping before they ended; none of them had ended" in text
+    assert "were seen looping" in text  # the cause, in the glossary's words
+
+
+def test_the_detectors_precision_is_read_off_a_healthy_run(result_dir: Path) -> None:
+    # Two flags the model then proved wrong by stopping: too few to trip; the line says so.
+    probe = _run(result_dir, flag=2, stop_after_flag=2)
+    _write_results(result_dir, probe, 0.9)
+    run = read(result_dir, "--task", "t")
+    assert run.returncode == exitcodes.READ_STATUS["ok"], run.stdout
+    assert "loop detector: 2 generations flagged looping before they ended; 2 of them then ended (stop=2); " in (
+        run.stdout
+    )
+    assert "2 stopped by themselves" in run.stdout
+    (verdict,) = json.loads(read(result_dir, "--json").stdout)
+    assert verdict["evidence"]["flagged_endings"] == {"stop": 2}
+
+
+def test_without_the_trip_record_the_results_file_counts_what_the_rule_counted(tmp_path: Path) -> None:
+    # 12 flags (4 of which then ran to the cap) and 4 other generations at the cap: the rule
+    # counted 16 observations, 16 pathological, most of them for repetition.
+    cut = figures(observations=8, cut_off=8, causes={"output_cap": 8}, finish_reasons={"length": 8},
+                  flagged=12, flagged_endings={"length": 4}, short_circuited=24, tripped=True)  # fmt: skip
+    write_run(tmp_path, {"t": 0.0}, {"t": cut}, tripped=True)
+    (verdict,) = json.loads(read(tmp_path, "--json").stdout)
+    found = verdict["pathology"]
+    assert (found["observations"], found["pathological"], found["flagged"]) == (16, 16, 12)
+    assert found["cause"] == contract.REPETITION
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"flagged": -1, "flagged_endings": {}}, {"flagged": 1, "flagged_endings": {"stop": 2}},
+     {"flagged": "3", "flagged_endings": {}}, {"flagged": 3, "flagged_endings": [1]},
+     {"flagged_endings": {"stop": 1}}],
+    ids=["negative", "more-endings-than-flags", "not-a-count", "endings-not-counts", "endings-without-count"],
+)  # fmt: skip
+def test_flagged_evidence_that_cannot_be_true_is_unavailable(tmp_path: Path, changes: dict) -> None:
+    write_run(tmp_path, {"t": 0.9}, {"t": figures(**changes)})
+    run = read(tmp_path)
+    assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stdout
+    assert "flagged" in run.stdout
