@@ -21,6 +21,8 @@ from probe.demo.servercounters import parse_vllm_metrics
 from probe.runtime import contract
 from probe.runtime.contract import EVIDENCE_KEY
 
+ROOT = Path(__file__).resolve().parents[1]
+
 pytestmark = pytest.mark.vllm
 MAX_TOKENS = 1024
 DOCS = 48
@@ -185,3 +187,39 @@ def test_the_stub_installs_on_lm_evals_vllm_module_alone(tmp_path) -> None:
     run = subprocess.run([vllm_python(), "-c", check], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == "True False\n"
+
+
+# Run in the vLLM environment on vLLM's own SamplingParams: the promise is about its fields.
+_WATCHED_COPY_CHECK = """
+import msgspec
+from vllm import SamplingParams
+from vllm.sampling_params import RequestOutputKind
+from probe.runtime.vllm_partial import STREAM_INTERVAL, watched_params
+
+for given in [dict(max_tokens=64, stop=["\\n\\n", "Question:"]),
+              dict(max_tokens=8, temperature=0.7, logprobs=2, seed=3, stream_interval=64)]:
+    params = SamplingParams(**given)
+    params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate sets it
+    before = msgspec.structs.asdict(params)
+    copy, why = watched_params(params)
+    assert why is None and copy is not params and msgspec.structs.asdict(params) == before
+    after = msgspec.structs.asdict(copy)
+    assert {k for k, v in after.items() if before[k] != v} <= {"output_kind", "stream_interval"}
+    assert copy.output_kind is RequestOutputKind.CUMULATIVE
+    assert copy.stream_interval == max(STREAM_INTERVAL, given.get("stream_interval", 1))
+two = SamplingParams(n=2, temperature=1)
+two.output_kind = RequestOutputKind.FINAL_ONLY
+assert watched_params(two) == (two, "n=2 choices per prompt")
+other = SamplingParams()  # cumulative already: not LLM.generate's, left alone
+assert watched_params(other)[0] is other
+print("ok")
+"""
+
+
+def test_the_watched_copy_differs_only_in_what_the_engine_reports(tmp_path) -> None:
+    env = offline_env(None, PYTHONPATH=str(ROOT))
+    run = subprocess.run(
+        [vllm_python(), "-c", _WATCHED_COPY_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.endswith("ok\n")
