@@ -1,15 +1,24 @@
-"""Time and tokens to the verdict on lm-eval's in-process vLLM backend, unprobed then probed.
+"""Time and tokens to the verdict on lm-eval's in-process vLLM backend: unprobed, the cap rule, the detector.
 
 The sibling of ``bench_verdict.py`` for ``--model vllm``: the engine runs inside lm-eval, so
-there is no server to count for us. Each run is ``python -m lm_eval --model vllm`` on the
-never-stopping tiny Llama (``scripts/tiny_llama.py``) in the vLLM environment, with every
-prompt in one ``LLM.generate`` call (``--batch_size auto``); ``scripts/lm_eval_counted.py``
-writes vLLM's own counters when lm-eval ends (tokens include the partial tokens of aborted
-requests). For each run: tokens, finished requests, wall time from start to exit; for the
-probed run also the trip time (from the first generate request, and from the start), the
-time from the trip to lm-eval's exit, and the requests aborted in the engine at the trip.
+there is no server to count for us. Each run is ``python -m lm_eval --model vllm`` in the vLLM
+environment, with every prompt in one ``LLM.generate`` call (``--batch_size auto``);
+``scripts/lm_eval_counted.py`` writes vLLM's own counters when lm-eval ends (tokens include the
+partial tokens of aborted requests). Two never-stopping tiny Llamas (``scripts/tiny_llama.py``):
+``never_stop``, which loops (one character, greedy), and ``babble``, which does not (random
+letters, sampled at temperature 1). For each, side by side: unprobed; probed with today's cap
+rule alone (``HYPERLOOM_EVAL_PROBE_STREAM=off``: no partial outputs are watched); probed with
+the degeneration detector on partial outputs (the defaults). For each run: tokens, finished
+requests, wall time from start to exit; for the probed runs also the trip time (from the first
+generate request, and from the start), its cause, the time from the trip to lm-eval's exit,
+and the requests aborted in the engine at the trip.
 
-    python benchmarks/bench_offline.py --vllm-python .venv-vllm/bin/python   # N=200, S=64, M=1024
+The two ratios of issue 18, per model: time to the verdict over one full-length generation (the
+cap rule's trip time: its verdict comes as the first wave of full-length generations ends), and
+tokens to the verdict over MIN_SAMPLES x M (a probed run generates nothing after its trip: its
+tokens are the tokens to the verdict).
+
+    python benchmarks/bench_offline.py --vllm-python .venv-vllm/bin/python   # N=200, S=64, M=4096
 
 The last line printed with --json is one JSON object with the figures.
 """
@@ -32,17 +41,29 @@ from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.servercounters import parse_vllm_metrics  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
+from probe.runtime.contract import ENV_STREAM, Settings  # noqa: E402
+
+RUNS = ("unprobed", "cap_rule", "detector")
+# How each model is run: greedy as the task says, or sampled (babble only babbles when sampled).
+SAMPLING = {"never_stop": "", "babble": "temperature=1"}
+PROMPT_ROOM = 512  # tokens of max_model_len kept for the prompt
 
 
 def evaluate(args: argparse.Namespace, task: LocalTask, model: Path, work: Path, label: str) -> dict[str, Any]:
+    """One run of ``label`` (RUNS) on ``model``, built in ``work``; its figures."""
     output, metrics = work / label, work / f"{label}.metrics.txt"
-    arguments = task.lm_eval_vllm_arguments(model, output, args.max_tokens, args.max_num_seqs)
+    arguments = task.lm_eval_vllm_arguments(
+        model, output, args.max_tokens, args.max_num_seqs,
+        max_model_len=args.max_tokens + PROMPT_ROOM, gen_kwargs=SAMPLING[model.name],
+    )  # fmt: skip
     lm_eval = [args.vllm_python, str(ROOT / "scripts" / "lm_eval_counted.py"), str(metrics), "--", *arguments]
-    probed = label == "probed"
+    probed = label != "unprobed"
     command = [sys.executable, "-m", "probe", "run", "--result-dir", str(output), "--", *lm_eval] if probed else lm_eval
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE") and k != "PYTHONPATH"}
     env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(ROOT))
-    print(f"{label}: lm-eval --model vllm (engine start-up takes about 30 s)...", file=sys.stderr)
+    if label == "cap_rule":
+        env[ENV_STREAM] = "off"
+    print(f"{model.name} {label}: lm-eval --model vllm (engine start-up takes about 30 s)...", file=sys.stderr)
     started = time.time()
     with (work / f"{label}.log").open("w") as log:
         code = subprocess.call(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -59,9 +80,10 @@ def evaluate(args: argparse.Namespace, task: LocalTask, model: Path, work: Path,
     if probed:
         sidecar = read_sidecar(output)
         if sidecar.state != "valid":
-            raise SystemExit(f"the probed run left no valid sidecar ({sidecar.state}); see {work / 'probed.log'}")
+            raise SystemExit(f"the {label} run left no valid sidecar ({sidecar.state}); see {work / (label + '.log')}")
         figures.update(trip_timing(sidecar.trip, sidecar.final or {}, started, ended))
         figures.update(
+            cause=sidecar.trip.get("cause"),
             trip_after_start_s=round(sidecar.trip["tripped_at"] - started, 2),
             aborted_in_engine=(sidecar.final or {}).get("cancelled_in_flight"),
         )
@@ -80,50 +102,79 @@ def trip_timing(trip: dict[str, Any], final: dict[str, Any], started: float, end
     }
 
 
-def never_stopping_setup(python: str, prefix: str, n: int) -> tuple[Path, Path, LocalTask]:
-    """A new work directory, the never-stopping tiny Llama built in it by ``python``, and the
-    local task of ``n`` documents."""
+def never_stopping_setup(python: str, prefix: str, n: int, variant: str = "never_stop") -> tuple[Path, Path, LocalTask]:
+    """A new work directory, the never-stopping tiny Llama ``variant`` built in it by ``python``,
+    and the local task of ``n`` documents."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
-    model = work / "never_stop"
-    subprocess.run([python, str(ROOT / "scripts" / "tiny_llama.py"), str(model), "--variant", "never_stop"],
+    model = work / variant
+    subprocess.run([python, str(ROOT / "scripts" / "tiny_llama.py"), str(model), "--variant", variant],
                    check=True, capture_output=True)  # fmt: skip
     return work, model, write_task(work / "task", n)
+
+
+def ratios(runs: dict[str, Any], min_samples: int, max_tokens: int) -> dict[str, Any]:
+    """Issue 18's two ratios for the probed runs of one model (see the module's docstring)."""
+    full_length_s = runs["cap_rule"]["trip_s"]
+    return {
+        label: {
+            "time_to_verdict_over_full_length": round(runs[label]["trip_s"] / full_length_s, 4),
+            "tokens_to_verdict_over_min_samples_x_m": round(runs[label]["tokens"] / (min_samples * max_tokens), 4),
+        }
+        for label in ("cap_rule", "detector")
+        if label in runs
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=200, help="documents")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="max_gen_toks per request")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="max_gen_toks per request")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's max_num_seqs: requests at once")
+    parser.add_argument("--models", default=",".join(SAMPLING), help=f"comma-separated, of {', '.join(SAMPLING)}")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args()
-    work, model, task = never_stopping_setup(args.vllm_python, "bench-offline-", args.n)
-    result = {
-        "backend": "vllm (in-process)",
-        "n": args.n,
-        "max_num_seqs": args.max_num_seqs,
-        "max_tokens": args.max_tokens,
-        "unprobed": evaluate(args, task, model, work, "unprobed"),
-        "probed": evaluate(args, task, model, work, "probed"),
-    }
-    print(_report(result))
+    labels = [label for label in RUNS if label in args.runs.split(",")]
+    min_samples = Settings().min_samples
+    result: dict[str, Any] = {
+        "backend": "vllm (in-process)", "n": args.n, "max_num_seqs": args.max_num_seqs,
+        "max_tokens": args.max_tokens, "min_samples": min_samples, "models": {},
+    }  # fmt: skip
+    for variant in args.models.split(","):
+        work, model, task = never_stopping_setup(args.vllm_python, f"bench-offline-{variant}-", args.n, variant)
+        runs = {label: evaluate(args, task, model, work, label) for label in labels}
+        if "cap_rule" in runs:
+            runs["ratios"] = ratios(runs, min_samples, args.max_tokens)
+        result["models"][variant] = runs
+        print(_report(result, variant))
     if args.json:
         print(json.dumps(result))
 
 
-def _report(r: dict[str, Any]) -> str:
-    u, p = r["unprobed"], r["probed"]
-    return "\n".join([
-        f"lm-eval --model vllm: N={r['n']}, max_num_seqs={r['max_num_seqs']}, M={r['max_tokens']}",
-        f"  unprobed: {u['tokens']:,} tokens, finished {u['finished']}, {u['wall_s']} s, verdict {u['verdict']}",
-        f"  probed:   {p['tokens']:,} tokens, finished {p['finished']}, {p['wall_s']} s, verdict {p['verdict']}",
-        f"  trip {p['trip_s']} s after the first generate request ({p['trip_after_start_s']} s after the start, "
-        f"{p['start_up_s']} s of it start-up); lm-eval exited {p['exit_after_trip_s']} s after the trip",
-        f"  aborted in the engine at the trip: {p['aborted_in_engine']}; blank answers: {p['blank_answers']}",
-        f"  token saving: {1 - p['tokens'] / u['tokens']:.1%}; wall-time saving: {1 - p['wall_s'] / u['wall_s']:.1%}"
-        f" ({1 - (p['wall_s'] - p['start_up_s']) / (u['wall_s'] - p['start_up_s']):.1%} after start-up)",
-    ])  # fmt: skip
+def _report(r: dict[str, Any], variant: str) -> str:
+    runs = r["models"][variant]
+    lines = [f"lm-eval --model vllm, {variant}: N={r['n']}, max_num_seqs={r['max_num_seqs']}, M={r['max_tokens']}"]
+    for label in RUNS:
+        if label not in runs:
+            continue
+        f = runs[label]
+        lines.append(
+            f"  {label}: {f['tokens']:,} tokens, finished {f['finished']}, {f['wall_s']} s, verdict {f['verdict']}"
+        )
+        if label != "unprobed":
+            lines.append(
+                f"    trip ({f['cause']}) {f['trip_s']} s after the first generate request "
+                f"({f['trip_after_start_s']} s after the start, {f['start_up_s']} s of it start-up); "
+                f"lm-eval exited {f['exit_after_trip_s']} s after the trip; "
+                f"aborted in the engine: {f['aborted_in_engine']}; blank answers: {f['blank_answers']}"
+            )
+    for label, ratio in runs.get("ratios", {}).items():
+        lines.append(
+            f"  {label}: time to the verdict {ratio['time_to_verdict_over_full_length']} x one full-length generation, "
+            f"tokens {ratio['tokens_to_verdict_over_min_samples_x_m']} x MIN_SAMPLES x M"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

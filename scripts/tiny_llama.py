@@ -1,7 +1,12 @@
-"""Build a tiny Llama locally (no download) that vLLM can serve, in three variants.
+"""Build a tiny Llama locally (no download) that vLLM can serve, in four variants.
 
 - ``never_stop``: its output is one token, repeated forever; it never emits EOS or a
-  stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``).
+  stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``). Its
+  output is the tightest loop there is (period one).
+- ``babble``: under sampling (``temperature=1``) its output is random lowercase letters
+  and spaces, each drawn uniformly and independently: it never stops (EOS, newlines and the
+  rest of the vocabulary are e^-34 times less likely than a letter) and never loops. Under
+  greedy decoding it is ``never_stop``.
 - ``stops``: its output token is " 7" followed by a blank line, so lm-eval's stop
   sequence ends each answer after one token (``finish_reason: stop``) with the answer
   " 7": a healthy model that is right when the answer is 7.
@@ -10,6 +15,9 @@
 
 How: the final RMSNorm's weight is zero, so every logit is exactly 0 and greedy
 decoding picks token 0; the first two variants differ only in which string token 0 is. For
+``babble`` every layer adds one constant vector through its MLP's bias (the embeddings and
+every weight that reads its input are zero), so the last hidden state is the same at every
+position, and the output head gives the allowed characters logit 0 and the others -34. For
 ``echo`` the layers add nothing (their output projections are zero), the embeddings are
 orthonormal, and the output head is the embedding matrix, so the greedy pick is the current
 token; its EOS row is twice ``~``'s embedding. The rest
@@ -25,7 +33,9 @@ import json
 import string
 from pathlib import Path
 
-FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n", "echo": "~"}
+FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n", "echo": "~", "babble": "a"}
+BABBLE = set(string.ascii_lowercase + " ")  # what babble draws from: no stop sequence can form
+BANNED_LOGIT = 34.0  # the babble head's logit for every other token, below the allowed ones
 ECHO_STOP = "~"  # the echo variant's one character followed by EOS
 SPECIALS = ["<s>", "</s>", "<unk>", "<pad>"]
 CHAT_TEMPLATE = (
@@ -58,7 +68,8 @@ def build(directory: Path, variant: str) -> Path:
         num_hidden_layers=2,
         num_attention_heads=2,  # head size 64: the CPU attention backend rejects 16
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=8192,  # room for 4096-token answers after their prompt
+        mlp_bias=variant == "babble",
         bos_token_id=vocab["<s>"],
         eos_token_id=vocab["</s>"],
         pad_token_id=vocab["<pad>"],
@@ -75,6 +86,8 @@ def build(directory: Path, variant: str) -> Path:
                 layer.mlp.down_proj.weight.zero_()
             model.lm_head.weight.copy_(embeddings)
             model.lm_head.weight[vocab["</s>"]] = 2 * embeddings[vocab[ECHO_STOP]]
+        elif variant == "babble":
+            _babble(model, [token in BABBLE for token in vocab])
         else:
             model.model.norm.weight.zero_()  # every logit 0: greedy always picks token 0
     directory.mkdir(parents=True, exist_ok=True)
@@ -82,6 +95,23 @@ def build(directory: Path, variant: str) -> Path:
     fast.save_pretrained(directory)
     (directory / "tiny_llama_variant.json").write_text(json.dumps({"variant": variant, "token_0": first}))
     return directory
+
+
+def _babble(model: object, allowed: list[bool]) -> None:
+    """Make ``model``'s logits constant: 0 where ``allowed``, -BANNED_LOGIT elsewhere."""
+    import torch
+
+    hidden = model.config.hidden_size
+    for parameter in model.parameters():
+        parameter.zero_()
+    model.model.norm.weight.fill_(1.0)
+    for layer in model.model.layers:
+        layer.input_layernorm.weight.fill_(1.0)
+        layer.post_attention_layernorm.weight.fill_(1.0)
+        layer.mlp.down_proj.bias[0] = 1.0  # each layer adds e_0 to the residual stream
+    # The last hidden state is then e_0 scaled to unit RMS: sqrt(hidden) in its first entry.
+    banned = torch.tensor([0.0 if ok else -BANNED_LOGIT / hidden**0.5 for ok in allowed])
+    model.lm_head.weight[:, 0] = banned
 
 
 def main() -> None:

@@ -97,21 +97,31 @@ class LocalTask:
         ]  # fmt: skip
 
     def lm_eval_vllm_arguments(
-        self, model: Path, output: Path, max_tokens: int, max_num_seqs: int, *extra: str
+        self,
+        model: Path,
+        output: Path,
+        max_tokens: int,
+        max_num_seqs: int,
+        *extra: str,
+        max_model_len: int = 2048,
+        gen_kwargs: str = "",
     ) -> list[str]:
         """lm-eval's arguments (after ``python -m lm_eval``) for this task on its in-process vLLM
         backend (``--model vllm``), with every prompt in one ``LLM.generate`` call
         (``--batch_size auto``) and vLLM's counters kept (``disable_log_stats=False``).
 
-        ``max_num_seqs`` bounds the requests vLLM runs at once: the waves of a run.
+        ``max_num_seqs`` bounds the requests vLLM runs at once: the waves of a run;
+        ``max_model_len`` must hold a prompt and ``max_tokens``; ``gen_kwargs`` adds to
+        lm-eval's ``--gen_kwargs`` (``key=value,...``).
         """
         model_args = (
-            f"pretrained={model},dtype=float32,max_model_len=2048,max_num_seqs={max_num_seqs},"
+            f"pretrained={model},dtype=float32,max_model_len={max_model_len},max_num_seqs={max_num_seqs},"
             "enforce_eager=True,disable_log_stats=False"
         )
+        sampling = f"max_gen_toks={max_tokens}" + (f",{gen_kwargs}" if gen_kwargs else "")
         return [
             "--model", "vllm", "--model_args", model_args, "--batch_size", "auto", "--tasks", str(self.yaml),
-            "--output_path", str(output), "--gen_kwargs", f"max_gen_toks={max_tokens}", *extra,
+            "--output_path", str(output), "--gen_kwargs", sampling, *extra,
         ]  # fmt: skip
 
 

@@ -6,7 +6,10 @@ them with ``--batch_size auto``); vLLM adds one engine request per prompt, then 
 ``llm_engine`` (found by its methods, not by vLLM's version):
 
 - ``add_request`` gives the engine id of each prompt, in order;
-- ``step`` hands over each request as it finishes, observed like an API response;
+- ``step`` hands over each request as it finishes, observed like an API response, and, for
+  the requests whose sampling parameters allow it, its partial output every few tokens
+  (``vllm_partial``: the probe's copy of the parameters asks for cumulative outputs), fed to
+  the degeneration detector, without changing what ``LLM.generate`` returns;
 - on a trip, ``abort_request`` ends the tripped group's unfinished requests at once (their
   KV cache is freed), and lm-eval gets a blank answer for each, in order.
 
@@ -14,7 +17,9 @@ lm-eval hands the engine its prompts longest first, and the engine finishes the 
 first: while ``generate_until`` runs, lm-eval's ordering is replaced by a seeded sample order
 (``order``), so the observations the rule judges are a uniform sample, chunk by chunk too.
 A prompt whose group tripped in an earlier chunk is never sent. When the engine lacks those
-methods, or hooking fails, one line says so and generation runs unprobed. Loglikelihood is
+methods, or hooking fails, one line says so and generation runs unprobed; when the sampling
+parameters do not allow partial outputs, one line says so and the probe judges finished
+generations only. Loglikelihood is
 never touched. ``data_parallel_size > 1`` runs one engine per Ray worker, in processes out of
 the probe's reach: generation then runs unprobed, with one line that says so.
 """
@@ -36,6 +41,7 @@ from probe.runtime.log import say
 from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, replace, restore_where, wrap
 from probe.runtime.versions import LM_EVAL, VLLM
+from probe.runtime.vllm_partial import new_text, watched_params
 
 BACKEND = "vllm"
 ENGINE_METHODS = ("add_request", "step", "abort_request")
@@ -92,31 +98,59 @@ class EngineCall:
     finished: set[str] = field(default_factory=set)
     aborted: set[str] = field(default_factory=set)
     handled: set[int] = field(default_factory=set)  # the tripped groups already aborted
+    watch: bool = False  # whether to ask the engine for partial outputs (vllm_partial)
+    seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (prompt, choice): characters fed
+
+    def sampling_params(self, params: Any) -> Any:
+        """The parameters to give the engine for the next of this call's prompts: a copy that
+        reports partial outputs where allowed, else ``params`` (said once)."""
+        if not self.watch:
+            return params
+        watched, why = watched_params(params)
+        if why:
+            self.probe.errors.once(
+                "vllm partial", f"vLLM's partial outputs cannot be watched ({why}); the probe judges finished "
+                "generations only, as without the degeneration detector",
+            )  # fmt: skip
+        return watched
 
     def after_step(self, outputs: Any) -> None:
-        """Observe the requests that finished in this step, then abort what a trip ends."""
+        """Observe the requests that finished in this step and feed the partial outputs of the
+        others, then abort what a trip ends."""
         if len(self.ids) != len(self.requests):  # nothing can be told apart: nothing is touched
             self.unplaced(f"{len(self.ids)} engine requests for {len(self.requests)} prompts")
             return
         self.index = self.index or {request_id: i for i, request_id in enumerate(self.ids)}
-        tripped: list[Group] = []
+        groups: dict[int, Group] = {}
         for output in outputs or ():
-            if not getattr(output, "finished", False):
-                continue
             i = self.index.get(str(getattr(output, "request_id", None)))
             if i is None:
-                self.unplaced(f"a finished request with the unknown id {getattr(output, 'request_id', None)!r}")
+                self.unplaced(f"a request with the unknown id {getattr(output, 'request_id', None)!r}")
                 continue
             if self.ids[i] in self.finished:
                 continue
-            self.finished.add(self.ids[i])
-            group = self.requests[i].group
-            self.probe.observe(self.requests[i], as_response(output))
-            if group.tripped and id(group) not in self.handled:
-                self.handled.add(id(group))
-                tripped.append(group)
-        for group in tripped:  # after the whole step: what finished in it keeps its answer
-            self.abort(group)
+            request = self.requests[i]
+            groups.setdefault(id(request.group), request.group)
+            if getattr(output, "finished", False):
+                self.finished.add(self.ids[i])
+                self.probe.observe(request, as_response(output))
+            else:
+                self.partial(i, output)
+        for key, group in groups.items():  # after the whole step: what finished in it keeps its answer
+            if group.tripped and key not in self.handled:
+                self.handled.add(key)
+                self.abort(group)
+
+    def partial(self, i: int, output: Any) -> None:
+        """Feed the new text of the unfinished request ``i``'s choices to the probe."""
+        for completion in getattr(output, "outputs", None) or ():
+            choice, text = getattr(completion, "index", 0), getattr(completion, "text", None)
+            if not isinstance(choice, int) or not isinstance(text, str):
+                continue
+            added = new_text(self.seen.get((i, choice), 0), text)
+            if added:
+                self.seen[(i, choice)] = len(text)
+                self.probe.partial(self.requests[i], choice, added)
 
     def unplaced(self, what: str) -> None:
         self.probe.errors.once(
@@ -219,7 +253,7 @@ def _probed_model_generate(original: Callable) -> Callable:
             else:
                 send.append(i)
         if send:
-            call = EngineCall(probe, engine, [planned[i] for i in send])
+            call = EngineCall(probe, engine, [planned[i] for i in send], watch=_watches_partials(probe))
             token = _CALL.set(call)
             try:
                 sent = [requests[i] for i in send]
@@ -231,6 +265,12 @@ def _probed_model_generate(original: Callable) -> Callable:
         return answers
 
     return mark(_model_generate, original)
+
+
+def _watches_partials(probe: state.Probe) -> bool:
+    """Whether partial outputs are worth asking for: only the loop detector reads them, and
+    HYPERLOOM_EVAL_PROBE_STREAM=off asks for none (the cap rule alone, as before)."""
+    return probe.settings.detector and probe.settings.stream != "off"
 
 
 def _watch(
@@ -283,13 +323,29 @@ def _observing_step(original: Callable) -> Callable:
 
 def _recording_add_request(original: Callable) -> Callable:
     def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
-        added = original(self, request_id, *args, **kwargs)
         call = _CALL.get()
-        if call is not None and call.engine is self and len(call.ids) < len(call.requests):
+        ours = call is not None and call.engine is self and len(call.ids) < len(call.requests)
+        if ours:
+            args, kwargs = _with_watched_params(call, args, kwargs)
+        added = original(self, request_id, *args, **kwargs)
+        if ours:
             call.ids.append(str(request_id))
         return added
 
     return mark(add_request, original)
+
+
+def _with_watched_params(call: EngineCall, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``add_request``'s arguments after the request id, with the sampling parameters (the
+    second, ``params``) swapped for the call's own copy; as given when that fails."""
+    try:
+        if len(args) >= 2:
+            return (args[0], call.sampling_params(args[1]), *args[2:]), kwargs
+        if "params" in kwargs:
+            return args, {**kwargs, "params": call.sampling_params(kwargs["params"])}
+    except Exception as error:
+        call.probe.errors.report("vllm add_request", error)
+    return args, kwargs
 
 
 def _hook_engine(probe: state.Probe, llm: Any) -> Any:
