@@ -213,7 +213,7 @@ def _probed_generate_until(original: Callable, vllm_causallms: Any = None) -> Ca
                 probe.errors.report("vllm generate_until", error)
         token = _PROMPTS.set(prompts)
         try:
-            seed = state.ACTIVE.gates.sampling.seed if prompts is not None else None
+            seed = probe.gates.sampling.seed if probe is not None and prompts is not None else None
             with sampled_order(seed, vllm_causallms):
                 return original(self, requests, *args, **kwargs)
         finally:
