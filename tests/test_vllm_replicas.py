@@ -50,7 +50,9 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         head = subprocess.Popen(
             [ray, "start", "--head", "--block", "--num-gpus", "2", "--num-cpus", "2", "--node-ip-address",
              "127.0.0.1", "--port", str(port), "--include-dashboard", "false", "--disable-usage-stats"],
-            env=offline_env(None), start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+            # The replicas run in its workers, with its environment, not lm-eval's.
+            env=offline_env(None, VLLM_CPU_KVCACHE_SPACE="1"), start_new_session=True, stdout=log,
+            stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             for _ in range(120):
