@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from probe.runtime import contract, state
 from probe.runtime.groups import Request
-from probe.runtime.replica_engine import Replica, share
+from probe.runtime.log import forget_said
+from probe.runtime.replica_engine import Replica, _replica_generate, share
 from probe.runtime.replicas import TAG, Exchange, _say_unreached
 
 MAX_TOKENS = 1024
@@ -53,6 +54,7 @@ def plan(probe: state.Probe, groups: list[int], tasks: list[str]) -> list[Reques
 @pytest.fixture(autouse=True)
 def result_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RESULT_DIR", str(tmp_path))
+    forget_said()  # each test hears the lines said once per process
     return tmp_path
 
 
@@ -156,7 +158,7 @@ def test_a_line_naming_no_request_of_the_call_is_ignored_with_one_line(result_di
     exchange.drain()
     assert exchange.reported == {0}
     assert probe.evidence_document()["tasks"]["a"]["finish_reasons"] == {"stop": 1}  # counted once
-    assert capsys.readouterr().err.count("a replica reported an unknown request") == 1
+    assert capsys.readouterr().err.count("a replica's line names no request of this call left to report") == 1
 
 
 def test_prompts_no_replica_reported_are_said_once_never_counted(result_dir: Path, capsys) -> None:
@@ -199,3 +201,24 @@ def test_a_call_the_driver_did_not_tag_passes_through(capsys) -> None:
 def test_a_replica_that_cannot_reach_the_exchange_directory_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         Replica(str(tmp_path / "on-another-machine"), [0], [0])
+
+
+def ran_with(llm: Any, prompts: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+    """Stands for vLLM's LLM.generate: what it was called with."""
+    return params
+
+
+def test_tags_it_cannot_read_leave_the_call_as_it_is_and_never_raise(capsys) -> None:
+    generate = _replica_generate(ran_with)
+    for tag in ({"dir": "/d", "i": "0", "g": 0}, {"dir": 1, "i": 0, "g": 0}, {"i": 0}):
+        params = [Sampling(1, {TAG: tag})]
+        assert generate(None, ["p"], params) is params
+    assert capsys.readouterr().err.count("only some of its prompts tagged") == 1  # said once
+
+
+def test_a_replica_on_another_machine_runs_its_share_unprobed_with_the_tags_off(tmp_path: Path, capsys) -> None:
+    tag = {"dir": str(tmp_path / "not-here"), "i": 0, "g": 0}
+    params = _replica_generate(ran_with)(None, ["p"], [Sampling(1, {TAG: tag, "user": 2})])
+    assert params == [Sampling(1, {"user": 2})]
+    assert "cannot reach its run's exchange directory" in capsys.readouterr().err
+    assert not (tmp_path / "not-here").exists()

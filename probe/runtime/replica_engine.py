@@ -93,7 +93,7 @@ def share(params: Any) -> tuple[str, list[int], list[int], list[Any]] | None:
     if not isinstance(params, list) or not params:
         return None
     tags = [(getattr(p, "extra_args", None) or {}).get(TAG) for p in params]
-    if not all(isinstance(tag, dict) for tag in tags):
+    if not all(isinstance(tag, dict) and _well_formed(tag) for tag in tags):
         if any(tags):
             say_once("a vLLM call with only some of its prompts tagged by the probe runs unprobed")
         return None
@@ -109,17 +109,25 @@ def share(params: Any) -> tuple[str, list[int], list[int], list[Any]] | None:
     return directories.pop(), [tag["i"] for tag in tags], [tag["g"] for tag in tags], untagged
 
 
+def _well_formed(tag: dict[str, Any]) -> bool:
+    return isinstance(tag.get("dir"), str) and all(type(tag.get(key)) is int for key in ("i", "g"))
+
+
 def _replica_generate(original: Callable) -> Callable:
     def generate(self: Any, prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any) -> Any:
-        shared = share(sampling_params)
+        try:
+            shared = share(sampling_params)
+        except Exception as error:  # tags it cannot read: vLLM ignores them, so the call runs as it is
+            say_once(f"cannot read the probe's tags on this vLLM call ({error!r}); it runs unprobed")
+            shared = None
         if shared is None:
             return original(self, prompts, sampling_params, *args, **kwargs)
         directory, places, numbers, params = shared
         try:
             replica = Replica(directory, places, numbers)
-        except OSError as error:
+        except Exception as error:
             say_once(
-                f"this vLLM replica cannot reach its run's exchange directory ({error}; a replica on another "
+                f"this vLLM replica cannot reach its run's exchange directory ({error!r}; a replica on another "
                 "machine?): it runs unprobed"
             )
             return original(self, prompts, params, *args, **kwargs)

@@ -58,7 +58,6 @@ class Exchange:
     reported: set[int] = field(default_factory=set)  # prompts a replica observed or blanked
     blanked: set[int] = field(default_factory=set)
     marked: set[int] = field(default_factory=set)  # groups whose marker is written
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def tagged(self, params: list[Any]) -> list[Any]:
         """A copy of each prompt's ``SamplingParams`` carrying its tag (the originals untouched)."""
@@ -75,17 +74,17 @@ class Exchange:
         return copies
 
     def drain(self) -> None:
-        """Feed the probe what the replicas wrote since the last call, then mark new trips."""
-        with self.lock:
-            for name in sorted(os.listdir(self.directory)):
-                if name.startswith(REPLICA_FILE):
-                    for entry in self._new_lines(name):
-                        self._feed(entry)
-            for number, group in enumerate(self.groups):
-                if group.tripped and number not in self.marked:
-                    self.marked.add(number)
-                    with open(os.path.join(self.directory, f"{TRIPPED}{number}"), "w"):
-                        pass
+        """Feed the probe what the replicas wrote since the last call, then mark new trips.
+        Called by one thread at a time (the follower, then once more after it stopped)."""
+        for name in sorted(os.listdir(self.directory)):
+            if name.startswith(REPLICA_FILE):
+                for entry in self._new_lines(name):
+                    self._feed(entry)
+        for number, group in enumerate(self.groups):
+            if group.tripped and number not in self.marked:
+                self.marked.add(number)
+                with open(os.path.join(self.directory, f"{TRIPPED}{number}"), "w"):
+                    pass
 
     def _new_lines(self, name: str) -> list[Any]:
         """The complete lines added to a replica's file since it was last read."""
@@ -99,7 +98,10 @@ class Exchange:
     def _feed(self, entry: Any) -> None:
         i = entry.get("i") if isinstance(entry, dict) else None
         if not isinstance(i, int) or not 0 <= i < len(self.requests) or i in self.reported:
-            self.probe.errors.once("replica line", f"a replica reported an unknown request ({entry!r:.200}); ignored")
+            self.probe.errors.once(
+                "replica line",
+                f"a replica's line names no request of this call left to report ({entry!r:.200}); ignored",
+            )
             return
         self.reported.add(i)
         if entry.get("blank"):
@@ -107,9 +109,6 @@ class Exchange:
             self.probe.blanks(self.requests[i], cancelled=True)
         else:
             self.probe.observe(self.requests[i], entry.get("response"))
-
-    def replicas(self) -> int:
-        return sum(name.startswith(REPLICA_FILE) for name in os.listdir(self.directory))
 
 
 def generate_across(
@@ -125,7 +124,7 @@ def generate_across(
         exchange = Exchange(probe, requests, directory)
         tagged = exchange.tagged(params)
         if ray:
-            _join_ray(probe)
+            _join_ray()
     except Exception as error:
         shutil.rmtree(directory, ignore_errors=True)
         probe.errors.report("vllm replicas", error)
@@ -139,8 +138,8 @@ def generate_across(
         stop.set()
         follower.join()
         _follow(exchange, None)  # what the replicas wrote last, before they returned
-        _say_unreached(exchange)
         shutil.rmtree(directory, ignore_errors=True)
+    _say_unreached(exchange)
     return outputs, exchange.blanked
 
 
@@ -161,13 +160,13 @@ def _say_unreached(exchange: Exchange) -> None:
         exchange.probe.errors.once(
             "vllm replicas unprobed",
             f"data_parallel_size > 1: {missing} of {len(exchange.requests)} prompts went to vLLM replicas that "
-            f"did not load the probe ({exchange.replicas()} replica(s) reported): those ran unprobed, and their "
+            f"did not load the probe ({len(exchange.offsets)} replica(s) reported): those ran unprobed, and their "
             "answers are vLLM's own. A replica loads it only where it gets this process's environment "
             "(PYTHONPATH) and files: Ray workers on this machine, multiprocessing workers.",
         )
 
 
-def _join_ray(probe: state.Probe) -> None:
+def _join_ray() -> None:
     """Join Ray before lm-eval's first task does, so that its workers get this process's
     ``PYTHONPATH`` (the probe's sitecustomize.py): a cluster started with ``ray start`` does
     not pass a driver's environment on. lm-eval would call ``ray.init()`` with no arguments
