@@ -68,7 +68,7 @@ calls = st.integers(1, 40).flatmap(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(call=calls)
 def test_what_the_replicas_report_is_what_one_engine_would_have_shown(tmp_path_factory, call) -> None:
     groups, reasons, replica_of, order = call
@@ -222,3 +222,23 @@ def test_a_replica_on_another_machine_runs_its_share_unprobed_with_the_tags_off(
     assert params == [Sampling(1, {"user": 2})]
     assert "cannot reach its run's exchange directory" in capsys.readouterr().err
     assert not (tmp_path / "not-here").exists()
+
+
+def test_partial_output_from_a_replica_reaches_the_loop_detector_and_its_trip_every_replica(result_dir: Path) -> None:
+    probe = state.Probe(contract.Settings(min_samples=1), evaluation=True)
+    exchange = Exchange(probe, plan(probe, [0, 0], ["a", "a"]), str(result_dir / "x"))
+    os.mkdir(exchange.directory)
+    tagged = exchange.tagged([Sampling(MAX_TOKENS)] * 2)
+    looping, other = (Replica(exchange.directory, *share(tagged[k::2])[1:3]) for k in (0, 1))
+    for _ in range(100):  # a loop, handed over piece by piece as the engine produces it
+        looping.partial(looping.requests[0], 0, "the cat sat on the mat ")
+    exchange.drain()
+    assert exchange.reported == set()  # still running: only partial output so far
+    (group,) = probe.groups
+    assert group.tripped and group.tally.as_dict()["causes"]["repetition"] == 1
+    assert [g.key for g in other.newly_tripped()] == ["0"]  # the other replica is told
+    looping.observe(looping.requests[0], response("length"))  # how the flagged request ended
+    exchange.drain()
+    assert exchange.reported == {0} and group.tally.as_dict()["observations"] == 1  # counted once
+    for replica in (looping, other):
+        replica.close()

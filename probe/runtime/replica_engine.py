@@ -6,7 +6,8 @@ acts only on a call whose every ``SamplingParams`` carries the probe's tag, whic
 driver's ``replicas`` puts there, and passes every other call through untouched. On such a
 call it takes the tags off (vLLM gets the driver's settings as they were), then runs the
 call with ``vllm_offline``'s engine-loop hook, reporting instead of judging: each finished
-request is appended to this replica's file in the exchange directory, and after each engine
+request (and each piece of partial output the hook hands over) is appended to this replica's
+file in the exchange directory, and after each engine
 step the directory's trip markers are looked for; a tripped group's unfinished requests are
 aborted in the engine and answered blank (reported too). No rule runs here and no sidecar is
 written: the driver judges every replica's requests together. The replica imports only the
@@ -34,7 +35,7 @@ from probe.runtime.versions import VLLM
 
 class Replica:
     """This replica's share of one tagged call: what ``EngineCall`` reports to, in place of a
-    ``Probe`` (``observe``, ``blanks``, ``errors``), and the markers it looks for."""
+    ``Probe`` (``observe``, ``partial``, ``blanks``, ``errors``), and the markers it looks for."""
 
     def __init__(self, directory: str, places: list[int], numbers: list[int]) -> None:
         self.errors = ErrorReports()
@@ -55,6 +56,11 @@ class Replica:
 
     def observe(self, request: Request, response: Any) -> None:
         self._write({"i": self.place[id(request)], "response": response})
+
+    def partial(self, request: Request, index: int, text: str) -> None:
+        """More output of a running request (as ``Probe.partial`` takes it): for the driver's
+        loop detector, which judges it with the rest of the run."""
+        self._write({"i": self.place[id(request)], "partial": index, "text": text})
 
     def blanks(self, request: Request, cancelled: bool = False) -> list[str]:
         self._write({"i": self.place[id(request)], "blank": True})

@@ -10,8 +10,8 @@ b315ef3); each replica builds its own ``LLM`` and returns a whole result list. H
   learns it belongs to a probed run, whatever started it (``replica_engine`` takes the tag
   off again before vLLM sees the request);
 - in the replica, the engine loop is watched as in one process (``vllm_offline``): each
-  finished request is appended to the replica's own file in that directory, and each engine
-  step looks for this call's trip markers there;
+  finished request (and each piece of partial output) is appended to the replica's own file
+  in that directory, and each engine step looks for this call's trip markers there;
 - a thread here reads those files as they grow and feeds this process's ``Probe``: the same
   rule and evidence as with one engine, over every replica's requests, per task. When it
   trips a group, the sidecar is written once, by this process, and a marker file tells every
@@ -40,7 +40,9 @@ from probe.runtime import state
 from probe.runtime.groups import Group, Request
 
 TAG = "hyperloom_eval_probe"  # the key in SamplingParams.extra_args
-REPLICA_FILE = "replica-"  # each replica's file: one JSON line per request it finished or blanked
+# Each replica's file: one JSON line per request it finished ({"i", "response"}) or blanked
+# ({"i", "blank"}), and per piece of partial output ({"i", "partial": choice, "text"}).
+REPLICA_FILE = "replica-"
 TRIPPED = "tripped-"  # a marker per tripped group: "tripped-<g>"
 POLL_S = 0.1  # how often the files are read (here) and the markers looked for (in a replica)
 
@@ -102,6 +104,9 @@ class Exchange:
                 "replica line",
                 f"a replica's line names no request of this call left to report ({entry!r:.200}); ignored",
             )
+            return
+        if "partial" in entry:  # more of a running request's output: for the loop detector
+            self.probe.partial(self.requests[i], entry["partial"], entry.get("text"))
             return
         self.reported.add(i)
         if entry.get("blank"):
