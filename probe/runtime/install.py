@@ -30,7 +30,7 @@ def install_integration(integration: Integration, module: Any = None) -> bool:
     not given); True when it is probed afterwards. A failure is reported once and leaves the
     other integrations as they are: only this one's part runs unprobed."""
     try:
-        if not _activate(integration):
+        if not (_activate(integration) if integration.in_lm_eval else read_settings()[0].enabled):
             return False
         if module is None:
             module = importlib.import_module(integration.waits_for)

@@ -21,3 +21,6 @@ class Integration:
     is_installed: Callable[[Any], bool]
     tested: Tested  # the releases of the module's program the suite runs against
     unprobed: str  # what runs unprobed when installing fails, in words ("lm-eval's vLLM backend")
+    # False for a module that also runs where lm-eval's evaluation does not (a vLLM replica):
+    # installing it then makes no probe scope and touches none of lm-eval's modules.
+    in_lm_eval: bool = True

@@ -4,7 +4,7 @@ hands it the names) and what the installer installs on each. A new hook module d
 
 from __future__ import annotations
 
-from probe.runtime import api, evaluations, hf, vllm_offline
+from probe.runtime import api, evaluations, hf, replica_engine, vllm_offline
 from probe.runtime.integration import Integration
 
 INTEGRATIONS: tuple[Integration, ...] = (
@@ -12,6 +12,7 @@ INTEGRATIONS: tuple[Integration, ...] = (
     api.INTEGRATION,
     vllm_offline.INTEGRATION,
     hf.INTEGRATION,
+    replica_engine.INTEGRATION,
 )
 
 

@@ -19,9 +19,10 @@ first: while ``generate_until`` runs, lm-eval's ordering is replaced by a seeded
 A prompt whose group tripped in an earlier chunk is never sent. When the engine lacks those
 methods, or hooking fails, one line says so and generation runs unprobed; when the sampling
 parameters do not allow partial outputs, one line says so and the probe judges finished
-generations only. Loglikelihood is
-never touched. ``data_parallel_size > 1`` runs one engine per Ray worker, in processes out of
-the probe's reach: generation then runs unprobed, with one line that says so.
+generations only. Loglikelihood is never touched. ``data_parallel_size > 1`` runs one engine
+per replica (a Ray task, or a multiprocessing worker), each in a process of its own:
+``replicas`` tags the prompts and merges what the replicas report, ``replica_engine`` watches
+each replica's engine with this module's hook.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from probe.runtime import state
+from probe.runtime import replicas, state
 from probe.runtime.answers import BLANK, ShortCircuitAnswer
 from probe.runtime.groups import Group, Request
 from probe.runtime.integration import Integration
@@ -41,7 +42,7 @@ from probe.runtime.log import say
 from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, replace, restore_where, wrap
 from probe.runtime.versions import LM_EVAL, VLLM
-from probe.runtime.vllm_partial import new_text, watched_params
+from probe.runtime.vllm_partial import new_text, wanted, watched_params
 
 BACKEND = "vllm"
 ENGINE_METHODS = ("add_request", "step", "abort_request")
@@ -233,7 +234,7 @@ def _recording_modify_gen_kwargs(original: Callable) -> Callable:
     return mark(modify_gen_kwargs, original)
 
 
-def _probed_model_generate(original: Callable) -> Callable:
+def _probed_model_generate(original: Callable, vllm_causallms: Any = None) -> Callable:
     def _model_generate(
         self: Any, requests: Any = None, generate: bool = False, sampling_params: Any = None, **kwargs: Any
     ) -> Any:
@@ -253,38 +254,40 @@ def _probed_model_generate(original: Callable) -> Callable:
             else:
                 send.append(i)
         if send:
-            call = EngineCall(probe, engine, [planned[i] for i in send], watch=_watches_partials(probe))
-            token = _CALL.set(call)
-            try:
-                sent = [requests[i] for i in send]
-                outputs = original(self, sent, generate, [sampling_params[i] for i in send], **kwargs)
-            finally:
-                _CALL.reset(token)
-            for i, answer in zip(send, call.answers(list(outputs)), strict=True):
+            sent, params = [requests[i] for i in send], [sampling_params[i] for i in send]
+            if engine is None:  # data parallel: each replica's engine is watched in its own process
+                outputs, blanked = replicas.generate_across(
+                    probe, [planned[i] for i in send], params,
+                    lambda tagged: original(self, sent, generate, tagged, **kwargs), _runs_on_ray(self, vllm_causallms),
+                )  # fmt: skip
+                given = [BlankOutput(f"replica-{j}") if j in blanked else out for j, out in enumerate(outputs)]
+            else:
+                call = EngineCall(probe, engine, [planned[i] for i in send], watch=wanted(probe.settings))
+                token = _CALL.set(call)
+                try:
+                    outputs = original(self, sent, generate, params, **kwargs)
+                finally:
+                    _CALL.reset(token)
+                given = call.answers(list(outputs))
+            for i, answer in zip(send, given, strict=True):
                 answers[i] = answer
         return answers
 
     return mark(_model_generate, original)
 
 
-def _watches_partials(probe: state.Probe) -> bool:
-    """Whether partial outputs are worth asking for: only the loop detector reads them, and
-    HYPERLOOM_EVAL_PROBE_STREAM=off asks for none (the cap rule alone, as before)."""
-    return probe.settings.detector and probe.settings.stream != "off"
+def _runs_on_ray(lm: Any, vllm_causallms: Any) -> bool:
+    """Whether lm-eval sends the replicas' shares to Ray tasks: always in 0.4.13; in 0.4.9.2
+    and b315ef3 only for vLLM's old engine (``V1`` false), else to multiprocessing workers."""
+    return not hasattr(vllm_causallms, "_vllm_mp_worker") or not getattr(lm, "V1", True)
 
 
 def _watch(
     probe: state.Probe, lm: Any, prompts: Any, params: list, gen_kwargs: list, tasks: list
-) -> tuple[Any, list[Request]] | None:
-    """The hooked engine and this chunk's requests, registered; None when it runs unprobed."""
+) -> tuple[Any | None, list[Request]] | None:
+    """The hooked engine (None with data parallelism: the replicas hook theirs) and this
+    chunk's requests, registered; None when it runs unprobed."""
     try:
-        if getattr(lm, "data_parallel_size", 1) > 1:
-            probe.errors.once(
-                "vllm data parallel",
-                "data_parallel_size > 1: lm-eval runs one vLLM engine per Ray worker, out of the "
-                "probe's reach; generation runs unprobed",
-            )
-            return None
         if not len(gen_kwargs) == len(tasks) == len(params) == len(prompts):
             probe.errors.once(
                 "vllm prompts",
@@ -292,9 +295,11 @@ def _watch(
                 "lm-eval's vLLM backend runs unprobed",
             )
             return None
-        engine = _hook_engine(probe, getattr(lm, "model", None))
-        if engine is None:
-            return None
+        engine = None
+        if getattr(lm, "data_parallel_size", 1) <= 1:
+            engine = _hook_engine(probe, getattr(lm, "model", None))
+            if engine is None:
+                return None
         model_args = getattr(lm, "model_args", None)
         model = OfflineModel(str(model_args.get("model")) if isinstance(model_args, dict) else None)
         requests = []
@@ -410,7 +415,7 @@ def install_vllm(vllm_causallms: Any) -> None:
         raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
     install_order(vllm_causallms)
     wrap(cls, "generate_until", partial(_probed_generate_until, vllm_causallms=vllm_causallms))
-    wrap(cls, "_model_generate", _probed_model_generate)
+    wrap(cls, "_model_generate", partial(_probed_model_generate, vllm_causallms=vllm_causallms))
     if not is_ours(modify):
         replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
     wrap(vllm_causallms, "postprocess_generated_text", _keeping_made_up_answers)

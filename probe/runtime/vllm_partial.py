@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from probe.runtime.contract import Settings
+
 # Tokens between two unfinished reports of a request: each report costs the engine a
 # RequestOutput and the probe a detector update, per running request; a loop is seen within
 # a few hundred tokens, so reporting every token would buy nothing.
@@ -47,3 +49,9 @@ def new_text(seen: int, text: str) -> str:
     """What cumulative ``text`` adds to the ``seen`` characters already handed on ("" when
     nothing, or when it is shorter: the engine holds back what may be a stop sequence)."""
     return text[seen:] if len(text) > seen else ""
+
+
+def wanted(settings: Settings) -> bool:
+    """Whether partial outputs are worth asking for: only the loop detector reads them, and
+    HYPERLOOM_EVAL_PROBE_STREAM=off asks for none (the cap rule alone, as before)."""
+    return settings.detector and settings.stream != "off"
