@@ -166,8 +166,38 @@ def adversarial(seed: int = 7) -> dict[str, str]:
             for i in range(240)
         ),
         "step by step arithmetic": " ".join(f"Step {i}: {i * 7} + {i * 3} = {i * 10}." for i in range(1, 120)),
+        **_templates(rng, fruits),
     }
     return texts
+
+
+def _templates(rng: random.Random, fruits: list[str]) -> dict[str, str]:
+    """Healthy outputs that fill one frame again and again with figures that change every time
+    (the shape a near-loop detector's period lock must not take for a loop)."""
+    records = [
+        {"name": rng.choice(fruits), "weight": rng.randint(1, 99), "price": rng.randint(100, 999) / 100}
+        for _ in range(10)
+    ]
+    total, steps = rng.randint(1, 20), []
+    for i in range(1, 13):
+        add = rng.randint(1, 9)
+        steps.append(f"Step {i}: She puts {add} more {rng.choice(fruits)}s in the basket, so it now holds "
+                     f"{total} + {add} = {total + add} pieces of fruit.")  # fmt: skip
+        total += add
+    return {
+        "chain of thought in repeated steps": " ".join(steps) + f" The answer is {total}.",
+        "JSON records (indent 2)": "```json\n" + json.dumps(records, indent=2) + "\n```",
+        "SQL inserts": "\n".join(
+            f"INSERT INTO stock (fruit, kg, price) VALUES ('{r['name']}', {r['weight']}, {r['price']});"
+            for r in records
+        ),
+        "HTML table": "<table>\n"
+        + "\n".join(f"  <tr><td>{r['name']}</td><td>{r['weight']}</td><td>{r['price']}</td></tr>" for r in records)
+        + "\n</table>",
+        "identity matrix (LaTeX)": "$$\\begin{pmatrix}\n"
+        + " \\\\\n".join(" & ".join("1" if i == j else "0" for j in range(8)) for i in range(8))
+        + "\n\\end{pmatrix}$$",
+    }
 
 
 # --------------------------------------------------------------------------------- loops

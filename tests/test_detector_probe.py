@@ -225,3 +225,26 @@ def test_the_slow_start_takes_a_flagged_request_as_pathological_however_it_ended
         policy.finished(True, request.labels, request.group.tripped, False)
         budgets.append(policy.budget - before)
     assert budgets[0] == 0 and budgets[1] > 0
+
+
+@pytest.mark.parametrize("name", [contract.ENV_DETECTOR_NGRAM, contract.ENV_DETECTOR_WINDOW])
+def test_a_size_knob_too_large_to_hold_warns_and_keeps_the_default(result_dir: Path, name: str, capsys) -> None:
+    # 2**64 units cannot size the detector's buffers: it was accepted silently, and every
+    # generation's detector then failed with an internal error (the detector off, unsaid).
+    settings, warnings = contract.read_settings({name: str(2**64)})
+    assert settings == contract.Settings() and len(warnings) == 1 and name in warnings[0]
+    probe, (request, *_) = _probe(20, settings)
+    _loop_until_flagged(probe, request)
+    assert "internal error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("index", [1, 5, -1])
+def test_partial_for_a_choice_the_request_does_not_have_counts_nothing(result_dir: Path, index: int) -> None:
+    # A one-prompt request has one choice, 0: a flag for another index was counted as an
+    # observation of its own, and the request's real ending then counted its choice twice.
+    probe, (request, *_) = _probe(20)
+    for _ in range(400):
+        probe.partial(request, index, LOOP)
+    probe.observe(request, _response("length", MAX_TOKENS))
+    tally = request.group.tally
+    assert (tally.observed, tally.flagged, request.flagged) == (1, 0, set())

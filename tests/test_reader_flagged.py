@@ -110,11 +110,24 @@ def test_without_the_trip_record_the_results_file_counts_what_the_rule_counted(t
     "changes",
     [{"flagged": -1, "flagged_endings": {}}, {"flagged": 1, "flagged_endings": {"stop": 2}},
      {"flagged": "3", "flagged_endings": {}}, {"flagged": 3, "flagged_endings": [1]},
-     {"flagged_endings": {"stop": 1}}],
-    ids=["negative", "more-endings-than-flags", "not-a-count", "endings-not-counts", "endings-without-count"],
+     {"flagged_endings": {"stop": 1}}, {"flagged": 5, "flagged_endings": {"length": 5}},
+     {"flagged": 3, "flagged_endings": {"stop": 2, "length": 1}}],
+    ids=["negative", "more-endings-than-flags", "not-a-count", "endings-not-counts", "endings-without-count",
+         "endings-never-filed-as-endings", "an-ending-beyond-its-finish-reason"],
 )  # fmt: skip
 def test_flagged_evidence_that_cannot_be_true_is_unavailable(tmp_path: Path, changes: dict) -> None:
     write_run(tmp_path, {"t": 0.9}, {"t": figures(**changes)})
     run = read(tmp_path)
     assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stdout
     assert "flagged" in run.stdout
+
+
+def test_flagged_stops_at_a_hidden_cap_are_not_read_as_stopped_by_themselves(tmp_path: Path) -> None:
+    # A server that reports the cap as "stop": 10 flagged generations ran to it (stop_at_cap,
+    # cause output cap). The line said "10 stopped by themselves (flags the model proved wrong)".
+    cut = figures(finish_reasons={"stop": 40}, stop_at_cap=10, cut_off=10, causes={"output_cap": 10},
+                  flagged=10, flagged_endings={"stop": 10})  # fmt: skip
+    write_run(tmp_path, {"t": 0.5}, {"t": cut})
+    text = read(tmp_path, "--task", "t").stdout
+    assert "stopped by themselves" not in text, text
+    assert "10 of them then ended (stop=10)" in text and "at the max_tokens cap" in text

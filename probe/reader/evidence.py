@@ -101,6 +101,10 @@ def _flagged_problem(figures: dict[str, Any]) -> str | None:
         return "has no counts 'flagged_endings'"
     if sum(endings.values()) > flagged:
         return "records the endings of more flagged generations than were flagged: the evidence contradicts itself"
+    # A flagged generation's ending is filed as every ending is, under its finish reason too.
+    reasons = figures["finish_reasons"]
+    if any(count > reasons.get(label, 0) for label, count in endings.items()):
+        return "records flagged endings its finish reasons do not hold: the evidence contradicts itself"
     return None
 
 

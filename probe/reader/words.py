@@ -57,9 +57,19 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     ended = sum(endings.values())
     said = ", ".join(f"{reason}={count}" for reason, count in sorted(endings.items()))
     stops = endings.get("stop", 0)
+    # A server that hides the cap reports it as a stop (``stop_at_cap``): up to that many of
+    # the flagged stops may have run to the cap instead.
+    at_cap = min(stops, _count(figures, "stop_at_cap"))
     then = f"{ended} of them then ended ({said})" if ended else "none of them had ended (those a trip cancels never do)"
-    return (
-        f"loop detector: {flagged} generations flagged looping before they ended; "
-        + then
-        + (f"; {stops} stopped by themselves (flags the model proved wrong, or loops it left)" if stops else "")
-    )
+    if stops - at_cap:
+        least = "at least " if at_cap else ""
+        then += f"; {least}{stops - at_cap} stopped by themselves (flags the model proved wrong, or loops it left)"
+    if at_cap:
+        then += (f"; up to {at_cap} of the stops may be at the max_tokens cap, which this server reports as a stop "
+                 "(not a flag proved wrong)")  # fmt: skip
+    return f"loop detector: {flagged} generations flagged looping before they ended; " + then
+
+
+def _count(figures: Mapping[str, Any] | None, name: str) -> int:
+    value = (figures or {}).get(name)
+    return value if type(value) is int and value > 0 else 0

@@ -45,6 +45,10 @@ ENV_DETECTOR_DRIFT = "HYPERLOOM_EVAL_PROBE_DETECTOR_DRIFT"
 ENV_DETECTOR_THRESHOLD = "HYPERLOOM_EVAL_PROBE_DETECTOR_THRESHOLD"
 # A drift outside this range either flags every text (0) or nothing (1).
 DRIFT_RANGE = (0.05, 0.95)
+# The detector's sizes, in units: they size its buffers (a size beyond what a buffer can hold
+# made every detector fail), and a generation of 16,384 tokens is far shorter than the most.
+DETECTOR_NGRAM_RANGE = (2, 1024)
+DETECTOR_WINDOW_RANGE = (16, 1 << 20)
 RESULT_DIR_VARS = ("RESULT_DIR", "EVAL_RESULT_DIR")
 # Set by `eval-probe run`: where to write, at exit, what the probe observed (tripped or not).
 ENV_REPORT = "HYPERLOOM_EVAL_PROBE_REPORT"
@@ -179,12 +183,14 @@ class Settings:
         }
 
 
-def _parse_int(name: str, raw: str, default: int, minimum: int) -> tuple[int, str | None]:
+def _parse_int(name: str, raw: str, default: int, minimum: int, maximum: int | None = None) -> tuple[int, str | None]:
     if not _INTEGER.fullmatch(raw):
         return default, f"{name}={raw!r} is not an integer (ASCII digits); using the default {default}"
     value = int(raw.strip())
     if value < minimum:
         return default, f"{name}={raw!r} is below {minimum}; using the default {default}"
+    if maximum is not None and value > maximum:
+        return default, f"{name}={raw!r} is above {maximum}; using the default {default}"
     return value, None
 
 
@@ -272,12 +278,12 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
         detector=pick(ENV_DETECTOR, lambda raw: _parse_switch(raw, ENV_DETECTOR, "the loop detector"), True),
         detector_ngram=pick(
             ENV_DETECTOR_NGRAM,
-            lambda raw: _parse_int(ENV_DETECTOR_NGRAM, raw, defaults.detector_ngram, 2),
+            lambda raw: _parse_int(ENV_DETECTOR_NGRAM, raw, defaults.detector_ngram, *DETECTOR_NGRAM_RANGE),
             defaults.detector_ngram,
         ),
         detector_window=pick(
             ENV_DETECTOR_WINDOW,
-            lambda raw: _parse_int(ENV_DETECTOR_WINDOW, raw, defaults.detector_window, 16),
+            lambda raw: _parse_int(ENV_DETECTOR_WINDOW, raw, defaults.detector_window, *DETECTOR_WINDOW_RANGE),
             defaults.detector_window,
         ),
         detector_drift=pick(

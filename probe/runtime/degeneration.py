@@ -14,7 +14,10 @@ One addition, for near-loops: a perturbed unit keeps the ``ngram`` n-grams aroun
 recurring, so a loop with 5% of its units replaced would score only 0.95**10 = 60% of its
 units. So the detector also locks on the distance of the last n-gram that recurred (the
 loop's period) and scores 1 for a unit equal to the unit that far back: a perturbation then
-costs about two units, not ``ngram``.
+costs about two units, not ``ngram``. A unit that differs where the copy a period back differed
+too is no perturbation but a template's slot (a step's figures, a record's values: a chain of
+thought in repeated steps, rows, an identity matrix); it drops the lock, so that the frame
+between its recurring phrases earns nothing until an n-gram recurs again.
 
 Guarantees (tested as properties):
 
@@ -22,9 +25,10 @@ Guarantees (tested as properties):
   flagged at most ``P + ngram - 1 + ceil(threshold / (1 - drift))`` units after the loop's
   first unit (:meth:`LoopDetector.flag_bound`): from then on every n-gram recurs P units back.
 - **Near-loops.** A cycle with a share q of its units replaced at random scores about
-  ``1 - 2q`` per unit (the period lock above), so it is flagged as long as that stays above
-  ``drift``: at the default drift 0.6, up to q of about 20% (measured in
-  ``benchmarks/bench_detector.py``: a 5% near-loop of 80 words within 200 units).
+  about ``1 - 2q`` per unit (the period lock above) while the lock holds; two perturbations a
+  period apart drop it (odds about q per perturbation), so the higher q, the slower the flag
+  (measured in ``benchmarks/bench_detector.py``: a 5% near-loop of 80 words within about 300
+  units; at 15%, thousands).
 - **The split does not matter.** The verdict and the unit at which it comes depend only on
   the text fed so far, never on how it was cut into deltas (units are made incrementally,
   holding back only an unfinished piece of a run).
@@ -67,6 +71,8 @@ class LoopDetector:
         # The last units: enough for an n-gram, and for a copy ``window`` units back.
         self._history: deque[str] = deque(maxlen=max(ngram, window + 1))
         self._period: int | None = None  # the distance of the last n-gram that recurred
+        # Per unit: whether it differed from the unit a locked period back (a slot, if again).
+        self._differs: deque[bool] = deque(maxlen=window + 1)
         self._codes: deque[int] = deque()  # the hashes of the last ``ngram`` units (one more, briefly)
         self._gram = 0  # the rolling hash of the last ``ngram`` units
         self._power = pow(_BASE, ngram, _PRIME)  # what the oldest unit's hash weighs in it
@@ -119,14 +125,23 @@ class LoopDetector:
         gram = self._gram
         last_seen = self._last_seen
         last = last_seen.get(gram)
+        differs = self._differs
         if last is not None and units - last <= self.window:
             repeat = True
             self._period = units - last
+            differs.append(False)
         else:
             # Locked on a period: a unit that continues the copy counts even where a perturbed
             # unit nearby keeps its n-gram from recurring (a near-loop).
             period = self._period
             repeat = period is not None and period < len(history) and history[-1 - period] == unit
+            differs.append(period is not None and not repeat)
+            if period is not None and not repeat and period < len(differs) - 1 and differs[-1 - period]:
+                # It differs where the copy a period back differed too: a slot of a template
+                # (a step's figures, a record's values) that changes every time, not a
+                # perturbation of a loop. Unlocked: its frame earns nothing until an n-gram
+                # recurs again.
+                self._period = None
         last_seen[gram] = units
         order = self._order
         order.append((units, gram))
@@ -143,5 +158,6 @@ class LoopDetector:
             order.clear()
             history.clear()
             codes.clear()
+            differs.clear()
             return True
         return False

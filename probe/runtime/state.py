@@ -130,8 +130,8 @@ class Probe:
         part, in order). Feeds that choice's degeneration detector; the first time it flags,
         counts one pathological observation (cause ``repetition``) for the rule, which may trip
         the group (cancelling its in-flight requests as a trip does today). Never raises; a no-op
-        once the choice is flagged or observed, for non-evidence requests, and when the
-        detector is off.
+        once the choice is flagged or observed, for a choice the request does not have, for
+        non-evidence requests, and when the detector is off.
 
         A trip never cancels the asyncio task that calls this (as with ``observe``): a caller
         whose own request should end at a trip reads ``request.group.tripped`` afterwards."""
@@ -144,7 +144,8 @@ class Probe:
         settings = self.settings
         if not (settings.detector and request.is_evidence and isinstance(text, str) and text):
             return
-        if not isinstance(index, int) or isinstance(index, bool):
+        # A choice the request has: another index would count an observation of its own.
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < request.n_answers:
             return
         with self.lock:
             if request.observed or index in request.flagged:
