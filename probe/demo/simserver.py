@@ -92,6 +92,7 @@ class Stats:
     # Generate requests answered with finish_reason "stop" when each one arrived, in order.
     stopped_at_arrival: list = field(default_factory=list)
     stopped: int = 0
+    streamed: int = 0  # generate requests answered with a stream
     in_flight: int = 0
     last_completed_at: float = 0.0  # time.time() of the last generation that ran to its end
 
@@ -308,6 +309,8 @@ class SimServer:
         """Send ``body`` as vLLM streams it, each choice's words as the token clock makes them due."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
+        with self._lock:
+            self.stats.streamed += 1
         head = {"id": body["id"], "object": body["object"] + (".chunk" if body["object"] == "chat.completion" else "")}
         head["model"] = body.get("model")
         pending = [_units(choice) for choice in body["choices"]]
