@@ -4,6 +4,7 @@ that cannot be reassembled with certainty is refused, never guessed."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -50,7 +51,7 @@ def pieces(draw: st.DrawFn, text: str) -> list[str]:
     """``text`` split at arbitrary points (empty pieces included, as servers send them)."""
     cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=6)))
     bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def server_chunks(draw: st.DrawFn, response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -110,7 +111,8 @@ def test_any_response_streamed_as_the_server_would_reassembles_into_itself(data:
     # The probe saw, per choice, exactly the text the choice holds, in order.
     for choice in response["choices"]:
         message = choice.get("message", {})
-        full = choice.get("text") or "".join(message.get(k) or "" for k in ("reasoning_content", "reasoning", "content"))
+        fields = ("reasoning_content", "reasoning", "content")
+        full = choice.get("text") or "".join(message.get(k) or "" for k in fields)
         assert seen.get(choice["index"], "") == full
 
 
@@ -156,7 +158,7 @@ def test_a_tool_call_in_a_chat_delta_is_refused() -> None:
 @pytest.mark.parametrize(
     "lines",
     [
-        ["{\"id\": 1}\n"],  # JSON, not SSE
+        ['{"id": 1}\n'],  # JSON, not SSE
         ["event: error\n", "data: {}\n", "\n"],
         ["data: not json\n", "\n"],
         [*sse(_healthy(), done=False)],  # the body ended before [DONE]
@@ -169,7 +171,7 @@ def test_a_body_that_is_not_a_complete_event_stream_is_refused(lines: list[str])
 
 
 def test_comments_crlf_bytes_and_a_missing_final_blank_line_are_read() -> None:
-    lines = [b": keep-alive\r\n"] + [line.encode().replace(b"\n", b"\r\n") for line in sse(_healthy())][:-1]
+    lines = [b": keep-alive\r\n", *[line.encode().replace(b"\n", b"\r\n") for line in sse(_healthy())][:-1]]
     events, whole = EventLines(), Reassembly(1)
     for line in lines:
         for data in events.feed(line):
