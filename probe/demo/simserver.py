@@ -25,7 +25,7 @@ behaves like a chosen kind of model:
 
 **Streaming.** A request with ``"stream": true`` is answered with server-sent events as
 vLLM sends them: one chunk per choice as its tokens come due on the token clock (each
-word one token; at once, a chunk per word, without a clock), a last chunk per choice with
+word one token; without a clock, a few words a chunk), a last chunk per choice with
 its ``finish_reason``, a usage chunk when ``stream_options.include_usage`` asks, then
 ``data: [DONE]``; chat streams open with the role, and on the ``reasoning`` profile (and in
 ``reasoning`` mode) the thinking comes first as ``reasoning_field`` deltas. The chunks
@@ -70,6 +70,7 @@ STREAM_QUIRKS = (None, "refuse", "no_usage", "error_event", "unknown_field", "js
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
 STREAM_TICK = 0.01
+WORDS_PER_CHUNK = 8
 _WORDS = re.compile(r"\s*\S+|\s+")
 # Length profiles of a stopping answer: (median tokens, sigma of the log), None for "short".
 # Log-normal, because answer lengths are: a long right tail, never below one token.
@@ -334,8 +335,8 @@ class SimServer:
                         continue
                     clock = clocks[index]
                     due = len(units) if clock <= 0 or elapsed >= clock else int(len(units) * elapsed / clock)
-                    # Without a clock, one chunk per word, as vLLM sends one per token.
-                    due = min(due, sent[index] + 1) if clock <= 0 else due
+                    # Without a clock, a few words a chunk (vLLM sends one token a chunk, or a few).
+                    due = min(due, sent[index] + WORDS_PER_CHUNK) if clock <= 0 else due
                     for field_name, text in _runs(units[sent[index] : due]):
                         await send({"choices": [_delta(index, field_name, text, "messages" in payload)]})
                         if self.stream_quirk == "error_event":
