@@ -7,13 +7,16 @@ MIN_MAX_TOKENS, so nothing trips and every answer is compared."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
-from support.lm import chat, completions, generate, probe_installed
+from lm_eval.api.instance import Instance
+from lm_eval.models.api_models import JsonChatStr
+from support.lm import chat, completions, probe_installed
 from support.vllm import SCRIPTS, tiny_llama, vllm_python
 
 from probe.runtime.stream import EventLines, Reassembly, streamable, streamed
@@ -23,6 +26,17 @@ import vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 GEN_KWARGS = {"until": ["\n\n"], "max_tokens": 200, "temperature": 0}
+# Each prompt ends in another character, so each completion differs (the echo model repeats it).
+ENDINGS = "abcdefghijkl"
+
+
+def generate(lm: Any, chat_format: bool) -> list[str]:
+    requests = []
+    for i, end in enumerate(ENDINGS):
+        text = f"Repeat after me: {end}"
+        context: Any = JsonChatStr(json.dumps([{"role": "user", "content": text}])) if chat_format else text
+        requests.append(Instance(request_type="generate_until", doc={}, arguments=(context, GEN_KWARGS), idx=i))
+    return lm.generate_until(requests)
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +97,11 @@ def test_probed_streamed_lm_eval_gets_the_unprobed_answers_from_vllm(
     def lm() -> Any:
         return chat(echo.base_url, 4) if chat_format else completions(echo.base_url, num_concurrent=4, batch_size=2)
 
-    plain = generate(lm(), 12, GEN_KWARGS, chat_format=chat_format)
+    plain = generate(lm(), chat_format)
     with probe_installed():
-        probed = generate(lm(), 12, GEN_KWARGS, chat_format=chat_format)
-    assert probed == plain and len(set(plain)) > 1
+        probed = generate(lm(), chat_format)
+    assert probed == plain
+    # Completions end in each prompt's own character; chat prompts all end in the template's.
+    assert len(set(plain)) == (1 if chat_format else len(ENDINGS))
     assert len(reassembled) == (12 if chat_format else 6)
     assert "could not be reassembled" not in capsys.readouterr().err
