@@ -36,7 +36,9 @@ SUMMARIES = {
 
 EPILOG = """knobs (environment): HYPERLOOM_EVAL_PROBE=0|false|off disables the probe;
 HYPERLOOM_EVAL_PROBE_MIN_SAMPLES (16), HYPERLOOM_EVAL_PROBE_LENGTH_RATIO (0.75, 0.5 to 1),
-HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024), HYPERLOOM_EVAL_PROBE_SLOW_START (auto|on|off).
+HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (1024), HYPERLOOM_EVAL_PROBE_SLOW_START (auto|on|off),
+HYPERLOOM_EVAL_PROBE_STREAM (auto|on|off), HYPERLOOM_EVAL_PROBE_DETECTOR (on) and its
+HYPERLOOM_EVAL_PROBE_DETECTOR_NGRAM (10), _WINDOW (256), _DRIFT (0.6), _THRESHOLD (20).
 The sidecar goes to $RESULT_DIR, else $EVAL_RESULT_DIR, else the current directory; the
 evidence of every task also goes into lm-eval's results_*.json (hyperloom_eval_probe)."""
 

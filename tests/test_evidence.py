@@ -97,6 +97,7 @@ def test_tally_counts_histogram_and_caps() -> None:
         "finish_reasons": {"length": 2, "repetition": 1, "stop": 1},
         "causes": dict.fromkeys(contract.CAUSES, 0),  # labels alone tell no cause
         "repetition": 1,
+        "flagged": 0,
         "max_tokens": [2048, 4096],
     }
 
@@ -136,6 +137,19 @@ def test_switch_off(value: str) -> None:
         (contract.ENV_SWITCH, "maybe"),
         (contract.ENV_SLOW_START, "sometimes"),
         (contract.ENV_SLOW_START, "64"),
+        (contract.ENV_STREAM, "always"),
+        (contract.ENV_STREAM, "2"),
+        (contract.ENV_DETECTOR, "perhaps"),
+        (contract.ENV_DETECTOR_NGRAM, "1"),
+        (contract.ENV_DETECTOR_NGRAM, "eight"),
+        (contract.ENV_DETECTOR_WINDOW, "8"),
+        (contract.ENV_DETECTOR_WINDOW, "\uff12\uff15\uff16"),
+        (contract.ENV_DETECTOR_DRIFT, "0"),
+        (contract.ENV_DETECTOR_DRIFT, "1"),
+        (contract.ENV_DETECTOR_DRIFT, "nan"),
+        (contract.ENV_DETECTOR_THRESHOLD, "0.5"),
+        (contract.ENV_DETECTOR_THRESHOLD, "inf"),
+        (contract.ENV_DETECTOR_THRESHOLD, "-24"),
     ],
 )
 def test_bad_knob_warns_with_name_and_value_and_uses_default(name: str, value: str) -> None:

@@ -27,7 +27,8 @@ JSON_VALUES = st.recursive(
 VALID = {
     "schema_version": 1,
     "verdict": {"tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
-                "finish_reasons": {"length": 16}, "max_tokens": [2048], "settings": {}, "tripped_at": STARTED},
+                "finish_reasons": {"length": 4}, "max_tokens": [2048], "settings": {}, "tripped_at": STARTED,
+                "cause": "repetition", "flagged": 12},
     "final": None,
 }  # fmt: skip
 
@@ -54,6 +55,35 @@ def test_the_issues_example_is_refused_by_both() -> None:
         path.write_text(json.dumps({"schema_version": True, "verdict": {"tripped_at": 1.0}}))
         assert read_sidecar_at(str(path))[0] is None
         assert read_sidecar(directory).state == "unreadable"
+
+
+@pytest.mark.parametrize(
+    ("fields", "valid"),
+    [
+        ({}, True),
+        ({"flagged": 0}, True),
+        ({"flagged": 16}, True),
+        ({"flagged": 17}, False),  # more flagged than pathological observations
+        ({"flagged": -1}, False),
+        ({"flagged": True}, False),
+        ({"flagged": 3.0}, False),
+        ({"flagged": None}, False),
+        ({"cause": None}, True),
+        ({"cause": "repetition"}, True),
+        ({"cause": "a cause of the future"}, True),  # read in neutral words, never refused
+        ({"cause": 3}, False),
+    ],
+)
+def test_the_loop_detectors_fields_are_checked_when_present(fields: dict, valid: bool) -> None:
+    document = json.loads(json.dumps(VALID))
+    for name in ("cause", "flagged"):
+        del document["verdict"][name]
+    document["verdict"].update(fields)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / contract.SIDECAR_NAME
+        path.write_text(json.dumps(document))
+        assert (read_sidecar_at(str(path))[0] is not None) is valid
+        assert (read_sidecar(directory, now=1e300).state == "valid") is valid
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -33,6 +33,18 @@ ENV_MIN_MAX_TOKENS = "HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS"
 ENV_SLOW_START = "HYPERLOOM_EVAL_PROBE_SLOW_START"
 # auto: the gate decides per batch where the slow start was measured to be cheap (gate.py).
 SLOW_START_MODES = ("auto", "on", "off")
+# Whether generate requests on the async API path may be streamed (the stream backend):
+# auto lets it decide per request where it can reassemble the plain response with certainty.
+ENV_STREAM = "HYPERLOOM_EVAL_PROBE_STREAM"
+STREAM_MODES = ("auto", "on", "off")
+# The loop detector on partial output (degeneration.py): its switch and thresholds.
+ENV_DETECTOR = "HYPERLOOM_EVAL_PROBE_DETECTOR"
+ENV_DETECTOR_NGRAM = "HYPERLOOM_EVAL_PROBE_DETECTOR_NGRAM"
+ENV_DETECTOR_WINDOW = "HYPERLOOM_EVAL_PROBE_DETECTOR_WINDOW"
+ENV_DETECTOR_DRIFT = "HYPERLOOM_EVAL_PROBE_DETECTOR_DRIFT"
+ENV_DETECTOR_THRESHOLD = "HYPERLOOM_EVAL_PROBE_DETECTOR_THRESHOLD"
+# A drift outside this range either flags every text (0) or nothing (1).
+DRIFT_RANGE = (0.05, 0.95)
 RESULT_DIR_VARS = ("RESULT_DIR", "EVAL_RESULT_DIR")
 # Set by `eval-probe run`: where to write, at exit, what the probe observed (tripped or not).
 ENV_REPORT = "HYPERLOOM_EVAL_PROBE_REPORT"
@@ -67,6 +79,11 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 #   blank was *cut short*.
 # - trip: the rule fired and this evaluation's sidecar holds the trip record; a *failed
 #   trip* (``Group.trip_failed``) fired but could not write it, so its group runs unprobed.
+# - flagged: a generation the loop detector (``degeneration``) saw looping in its partial
+#   output. The flag counts once, at once, as a pathological observation with cause
+#   REPETITION; how a flagged generation then ended is filed apart (``flagged_endings``), so
+#   that the detector's precision can be read off every run. A flag never ends a request by
+#   itself: only a trip of its group does.
 # - evaluation: one ``simple_evaluate`` call, the probe's scope (``state.Probe``): its own
 #   groups, evidence, run identity, sidecar and gates.
 # ---------------------------------------------------------------------------------------
@@ -76,7 +93,7 @@ OUTPUT_CAP = "output_cap"  # ran to max_tokens: `length` at completion_tokens >=
 # or `stop` there (a server that hides the cap reports the budget's end as a stop)
 CONTEXT_WINDOW = "context_window"  # `length` below max_tokens: the server's context window
 LENGTH = "length"  # `length` where the token count cannot be told (several prompts per request)
-REPETITION = "repetition"  # vLLM's repetition detector ended it
+REPETITION = "repetition"  # it loops: the probe's loop detector flagged it, or vLLM's ended it
 REASONING = "reasoning"  # at a cap with an empty answer while reasoning text is present
 ABORTED = "aborted"  # the server ended it: an abort reason below
 CAUSES = (OUTPUT_CAP, CONTEXT_WINDOW, LENGTH, REPETITION, REASONING, ABORTED)
@@ -103,7 +120,7 @@ _CAUSE_WORDS: dict[str, tuple[str, str]] = {
         "compare max_tokens with the server's context window, and check that the model stops",
     ),
     REPETITION: (
-        "were ended by the server's repetition detector",
+        "were seen looping (flagged by the probe's loop detector, or ended by the server's repetition detector)",
         "the model loops: check its chat template, its sampling settings and its weights",
     ),
     REASONING: (
@@ -139,6 +156,12 @@ class Settings:
     length_ratio: float = 0.75
     min_max_tokens: int = 1024
     slow_start: str = "auto"
+    stream: str = "auto"
+    detector: bool = True
+    detector_ngram: int = 10
+    detector_window: int = 256
+    detector_drift: float = 0.6
+    detector_threshold: float = 20.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -147,6 +170,12 @@ class Settings:
             ENV_LENGTH_RATIO: self.length_ratio,
             ENV_MIN_MAX_TOKENS: self.min_max_tokens,
             ENV_SLOW_START: self.slow_start,
+            ENV_STREAM: self.stream,
+            ENV_DETECTOR: self.detector,
+            ENV_DETECTOR_NGRAM: self.detector_ngram,
+            ENV_DETECTOR_WINDOW: self.detector_window,
+            ENV_DETECTOR_DRIFT: self.detector_drift,
+            ENV_DETECTOR_THRESHOLD: self.detector_threshold,
         }
 
 
@@ -159,27 +188,39 @@ def _parse_int(name: str, raw: str, default: int, minimum: int) -> tuple[int, st
     return value, None
 
 
-def _parse_ratio(name: str, raw: str, default: float) -> tuple[float, str | None]:
+def _parse_ratio(
+    name: str, raw: str, default: float, bounds: tuple[float, float] = RATIO_RANGE
+) -> tuple[float, str | None]:
     if not _DECIMAL.fullmatch(raw):
         return default, f"{name}={raw!r} is not a decimal number; using the default {default}"
     value = float(raw.strip())
-    low, high = RATIO_RANGE
+    low, high = bounds
     if not (math.isfinite(value) and low <= value <= high):
         return default, f"{name}={raw!r} is not in [{low:g}, {high:g}]; using the default {default}"
     return value, None
 
 
-def _parse_switch(raw: str) -> tuple[bool, str | None]:
+def _parse_positive(name: str, raw: str, default: float) -> tuple[float, str | None]:
+    if not _DECIMAL.fullmatch(raw):
+        return default, f"{name}={raw!r} is not a decimal number; using the default {default}"
+    value = float(raw.strip())
+    if not (math.isfinite(value) and value >= 1.0):
+        return default, f"{name}={raw!r} is not a finite number of at least 1; using the default {default}"
+    return value, None
+
+
+def _parse_switch(raw: str, name: str = ENV_SWITCH, what: str = "the probe") -> tuple[bool, str | None]:
     text = raw.strip().lower()
     if text in OFF_VALUES:
         return False, None
     if text in ON_VALUES:
         return True, None
-    return True, f"{ENV_SWITCH}={raw!r} is not one of {'/'.join(OFF_VALUES)} (off) or 1/true/on; the probe stays on"
+    return True, f"{name}={raw!r} is not one of {'/'.join(OFF_VALUES)} (off) or 1/true/on; {what} stays on"
 
 
-def _parse_slow_start(raw: str) -> tuple[str, str | None]:
-    # The switch's own spellings are accepted too, so that "0" or "true" mean what they say.
+def _parse_mode(name: str, raw: str) -> tuple[str, str | None]:
+    """An auto/on/off knob. The switch's own spellings are accepted too, so that "0" or
+    "true" mean what they say."""
     text = raw.strip().lower()
     if text in ("", "auto"):
         return "auto", None
@@ -187,7 +228,7 @@ def _parse_slow_start(raw: str) -> tuple[str, str | None]:
         return "off", None
     if text in ON_VALUES:
         return "on", None
-    return "auto", f"{ENV_SLOW_START}={raw!r} is not one of {'/'.join(SLOW_START_MODES)}; using the default auto"
+    return "auto", f"{name}={raw!r} is not one of auto/on/off; using the default auto"
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
@@ -226,7 +267,29 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
             lambda raw: _parse_int(ENV_MIN_MAX_TOKENS, raw, defaults.min_max_tokens, 0),
             defaults.min_max_tokens,
         ),
-        slow_start=pick(ENV_SLOW_START, _parse_slow_start, defaults.slow_start),
+        slow_start=pick(ENV_SLOW_START, lambda raw: _parse_mode(ENV_SLOW_START, raw), defaults.slow_start),
+        stream=pick(ENV_STREAM, lambda raw: _parse_mode(ENV_STREAM, raw), defaults.stream),
+        detector=pick(ENV_DETECTOR, lambda raw: _parse_switch(raw, ENV_DETECTOR, "the loop detector"), True),
+        detector_ngram=pick(
+            ENV_DETECTOR_NGRAM,
+            lambda raw: _parse_int(ENV_DETECTOR_NGRAM, raw, defaults.detector_ngram, 2),
+            defaults.detector_ngram,
+        ),
+        detector_window=pick(
+            ENV_DETECTOR_WINDOW,
+            lambda raw: _parse_int(ENV_DETECTOR_WINDOW, raw, defaults.detector_window, 16),
+            defaults.detector_window,
+        ),
+        detector_drift=pick(
+            ENV_DETECTOR_DRIFT,
+            lambda raw: _parse_ratio(ENV_DETECTOR_DRIFT, raw, defaults.detector_drift, DRIFT_RANGE),
+            defaults.detector_drift,
+        ),
+        detector_threshold=pick(
+            ENV_DETECTOR_THRESHOLD,
+            lambda raw: _parse_positive(ENV_DETECTOR_THRESHOLD, raw, defaults.detector_threshold),
+            defaults.detector_threshold,
+        ),
     )
     return settings, warnings
 

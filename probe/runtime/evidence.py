@@ -150,10 +150,15 @@ class TaskEvidence:
     short_circuited: int = 0  # answered blank by the probe, never sent
     cancelled: int = 0  # cancelled in flight by the probe, answered blank
     below_min_max_tokens: int = 0  # observed, but under the budget that counts for the rule
+    flagged: int = 0  # generations the loop detector flagged from their partial output
+    flagged_endings: Counter = field(default_factory=Counter)  # how those then ended: finish reasons
     max_tokens: set = field(default_factory=set)
     groups: set = field(default_factory=set)
 
-    def add(self, choice: Choice, max_tokens: int, is_evidence: bool) -> None:
+    def add(self, choice: Choice, max_tokens: int, is_evidence: bool, flagged: bool = False) -> None:
+        """File how one generation ended (``flagged``: the loop detector had flagged it)."""
+        if flagged:
+            self.flagged_endings[choice.label] += 1
         self.observed += 1
         self.reasons[choice.label] += 1
         if choice.cause:
@@ -177,6 +182,8 @@ class TaskEvidence:
             "short_circuited": self.short_circuited,
             "cancelled_in_flight": self.cancelled,
             "below_min_max_tokens": self.below_min_max_tokens,
+            "flagged": self.flagged,
+            "flagged_endings": dict(sorted(self.flagged_endings.items())),
             "max_tokens": sorted(self.max_tokens),
             "tripped": tripped,
         }
@@ -187,10 +194,20 @@ class Tally:
     """Evidence gathered for one group of generation requests: what the rule judges."""
 
     observed: int = 0
-    pathological: int = 0  # cut off, for a cause the rule counts
+    pathological: int = 0  # cut off, for a cause the rule counts (a flag included)
+    flagged: int = 0  # counted when the loop detector flagged them, before they ended
     reasons: Counter = field(default_factory=Counter)
     causes: Counter = field(default_factory=Counter)
     max_tokens: set = field(default_factory=set)
+
+    def flag(self, max_tokens: int) -> None:
+        """Count a generation the loop detector flagged: pathological, cause REPETITION. Its
+        ending is never counted again (its request's other choices are)."""
+        self.observed += 1
+        self.pathological += 1
+        self.flagged += 1
+        self.causes[REPETITION] += 1
+        self.max_tokens.add(max_tokens)
 
     def add(self, labels: list[str], max_tokens: int) -> None:
         """Count generations known by their labels only (no cause)."""
@@ -217,5 +234,6 @@ class Tally:
             "finish_reasons": dict(sorted(self.reasons.items())),
             "causes": {cause: self.causes.get(cause, 0) for cause in CAUSES},
             "repetition": self.reasons.get("repetition", 0),
+            "flagged": self.flagged,
             "max_tokens": sorted(self.max_tokens),
         }

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from probe.runtime.degeneration import LoopDetector
 from probe.runtime.evidence import Tally
 from probe.runtime.inflight import InFlight
 
@@ -55,6 +56,9 @@ class Request:
     cancelled_by_probe: bool = False
     # What its response said, once observed (None: never observed); the gate learns from it.
     labels: list[str] | None = None
+    # The loop detector of each choice fed partial output so far, and the choices it flagged.
+    detectors: dict[int, LoopDetector] = field(default_factory=dict)
+    flagged: set[int] = field(default_factory=set)
 
     @property
     def n_answers(self) -> int:

@@ -275,6 +275,9 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
         value = record.get(name)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             return f"a trip record whose field {name!r} is missing or of the wrong type"
+    problem = _optional_fields_problem(record)
+    if problem:
+        return problem
     final = document.get("final")
     if final is not None and not isinstance(final, dict):
         return "a sidecar whose 'final' is neither null nor an object"
@@ -282,6 +285,20 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
         return "a sidecar holding a number that is not finite (NaN or Infinity)"
     if now is not None and record["tripped_at"] > now + MAX_CLOCK_SKEW_S:
         return f"a trip record in the future ('tripped_at' {record['tripped_at'] - now:.0f} s ahead of this clock)"
+    return None
+
+
+def _optional_fields_problem(record: Mapping[str, Any]) -> str | None:
+    """Fields that older records lack, refused only when present and wrong: ``cause`` (a word
+    of the glossary, or null) and ``flagged`` (how many of the pathological observations the
+    loop detector flagged before they ended: a count within ``pathological``)."""
+    cause = record.get("cause")
+    if cause is not None and not isinstance(cause, str):
+        return "a trip record whose 'cause' is neither null nor a string"
+    if "flagged" in record:
+        flagged = record["flagged"]
+        if type(flagged) is not int or not 0 <= flagged <= record["pathological"]:
+            return "a trip record whose 'flagged' is not a count within its 'pathological' observations"
     return None
 
 

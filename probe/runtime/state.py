@@ -20,6 +20,7 @@ from typing import Any
 from probe.runtime.answers import blanks
 from probe.runtime.contract import (
     PROBE_VERSION,
+    REPETITION,
     SCHEMA_VERSION,
     Settings,
     cause_words,
@@ -28,6 +29,7 @@ from probe.runtime.contract import (
     settings_fingerprint,
     sidecar_path,
 )
+from probe.runtime.degeneration import LoopDetector
 from probe.runtime.evidence import describe_choices
 from probe.runtime.gate import Gates
 from probe.runtime.groups import Group, Groups, Request, group_key
@@ -123,8 +125,52 @@ class Probe:
                 evidence.cancelled += cancelled
         return blanks(request.n_answers)
 
+    def partial(self, request: Request, index: int, text: str) -> None:
+        """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
+        part, in order). Feeds that choice's degeneration detector; the first time it flags,
+        counts one pathological observation (cause ``repetition``) for the rule, which may trip
+        the group (cancelling its in-flight requests as a trip does today). Never raises; a no-op
+        once the choice is flagged or observed, for non-evidence requests, and when the
+        detector is off.
+
+        A trip never cancels the asyncio task that calls this (as with ``observe``): a caller
+        whose own request should end at a trip reads ``request.group.tripped`` afterwards."""
+        try:
+            self._partial(request, index, text)
+        except Exception as error:
+            self.errors.report("partial", error)
+
+    def _partial(self, request: Request, index: int, text: str) -> None:
+        settings = self.settings
+        if not (settings.detector and request.is_evidence and isinstance(text, str) and text):
+            return
+        if not isinstance(index, int) or isinstance(index, bool):
+            return
+        with self.lock:
+            if request.observed or index in request.flagged:
+                return
+            detector = request.detectors.get(index)
+            if detector is None:
+                detector = request.detectors[index] = LoopDetector(
+                    settings.detector_ngram, settings.detector_window, settings.detector_drift,
+                    settings.detector_threshold,
+                )  # fmt: skip
+            if not detector.feed(text):
+                return
+            del request.detectors[index]
+            request.flagged.add(index)
+            self._tasks_of_request(request)
+            self.tasks.of(request.task_of_choice(index)).flagged += 1
+            group = request.group
+            group.tally.flag(request.max_tokens)
+            if not group.tripped and not group.trip_failed and group.tally.fires(settings):
+                self._trip(group, request)
+
     def observe(self, request: Request, response: Any) -> None:
-        """Record the evidence of one response, and trip when the rule fires; never raises."""
+        """Record the evidence of one response, and trip when the rule fires; never raises.
+
+        A choice the loop detector flagged (``partial``) was counted for the rule then: here
+        only how it ended is filed, apart (the detector's precision), never counted again."""
         try:
             self._record(request, response)
         except Exception as error:
@@ -133,19 +179,24 @@ class Probe:
     def _record(self, request: Request, response: Any) -> None:
         if request.observed:
             return
-        request.observed = True
         choices = describe_choices(response, request.max_tokens)
         group = request.group
         with self.lock:
+            if request.observed:  # observed meanwhile by another thread
+                return
+            request.observed = True
+            request.detectors.clear()
             self._tasks_of_request(request)
             for choice in choices:
                 task = request.task_of_choice(choice.index)
-                self.tasks.of(task).add(choice, request.max_tokens, request.is_evidence)
+                flagged = choice.index in request.flagged
+                self.tasks.of(task).add(choice, request.max_tokens, request.is_evidence, flagged)
             if not request.is_evidence:
                 return
-            # The gate's slow start learns from what the request's answers said.
-            request.labels = [choice.rule_label for choice in choices]
-            group.tally.add_choices(choices, request.max_tokens)
+            # The gate's slow start learns from what the request's answers said; a flagged
+            # choice is the pathological outcome it was flagged as, however it ended.
+            request.labels = [REPETITION if c.index in request.flagged else c.rule_label for c in choices]
+            group.tally.add_choices([c for c in choices if c.index not in request.flagged], request.max_tokens)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
                 self._trip(group, request)
 
@@ -233,9 +284,10 @@ def _evidence(group: Group) -> str:
     tally = group.tally
     caps = ",".join(str(m) for m in sorted(tally.max_tokens))
     what = cause_words(main_cause(tally.causes))[0]
+    flagged = f"; {tally.flagged} flagged looping before they ended" if tally.flagged else ""
     return (
         f"{tally.pathological}/{tally.observed} generations {what} "
-        f"(finish reasons {dict(tally.reasons)}) at max_tokens={caps}"
+        f"(finish reasons {dict(tally.reasons)}{flagged}) at max_tokens={caps}"
     )
 
 

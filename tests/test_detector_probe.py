@@ -1,0 +1,209 @@
+"""Probe.partial: a flag is one pathological observation (cause repetition), counted once,
+that can trip a group before any generation ends; observe files how flagged ones ended."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from lm_eval.api.instance import Instance
+from support.lm import completions, prompts
+
+from probe.runtime import contract
+from probe.runtime.evidence import is_pathological
+from probe.runtime.sidecar import trip_record_problem
+from probe.runtime.state import Probe
+
+MAX_TOKENS = 4096
+GEN_KWARGS = {"until": ["\n\n"], "max_tokens": MAX_TOKENS, "temperature": 0}
+LOOP = "The answer is 42 because the sum is 42 and so. "  # a short exact cycle
+HEALTHY = (
+    "Natalia sold 48 clips in April. In May she sold half as many, 48 / 2 = 24 clips. Altogether she sold "
+    "48 + 24 = 72 clips in April and May. The answer is 72."
+)
+
+
+def _probe(n: int, settings: contract.Settings | None = None, task: str = "t") -> tuple[Probe, list]:
+    """A probe for one evaluation that registered ``n`` real lm-eval generate requests of ``task``,
+    and the requests it made of them, one prompt each (as a real model object makes them)."""
+    probe = Probe(settings or contract.Settings(), evaluation=True)
+    texts = prompts(n)
+    instances = [
+        Instance("generate_until", doc={}, arguments=(text, GEN_KWARGS), idx=i, metadata=(task, i, 1))
+        for i, text in enumerate(texts)
+    ]
+    probe.register(instances)
+    lm = completions("http://127.0.0.1:9")
+    return probe, [probe.request(lm, GEN_KWARGS, [text], GEN_KWARGS["max_tokens"]) for text in texts]
+
+
+def _response(finish_reason: str, tokens: int, n: int = 1) -> dict:
+    choices = [{"index": i, "text": "x", "finish_reason": finish_reason} for i in range(n)]
+    return {"choices": choices, "usage": {"completion_tokens": tokens * n}}
+
+
+def _loop_until_flagged(probe: Probe, request, index: int = 0, delta: str = LOOP) -> int:
+    """Feed ``delta`` over and over until the choice is flagged; the number of deltas fed."""
+    for fed in range(1, 500):
+        probe.partial(request, index, delta)
+        if index in request.flagged:
+            return fed
+    raise AssertionError("never flagged")
+
+
+def test_a_flag_counts_once_and_its_ending_is_filed_apart(result_dir: Path) -> None:
+    probe, (request, *_) = _probe(20)
+    _loop_until_flagged(probe, request)
+    tally = request.group.tally
+    assert (tally.observed, tally.pathological, tally.flagged, tally.causes[contract.REPETITION]) == (1, 1, 1, 1)
+    for _ in range(50):  # more of the same loop, and then its ending, count nothing more
+        probe.partial(request, 0, LOOP)
+    probe.observe(request, _response("length", MAX_TOKENS))
+    assert (tally.observed, tally.pathological, tally.flagged) == (1, 1, 1)
+    assert dict(tally.reasons) == {}  # a flag is no finish reason
+    task = probe.evidence_document()["tasks"]["t"]
+    assert task["flagged"] == 1 and task["flagged_endings"] == {"length": 1}
+    # How it ended is also filed as any ending is: the per-task figures stay what the server said.
+    assert task["observations"] == 1 and task["finish_reasons"] == {"length": 1} and task["causes"]["output_cap"] == 1
+    assert request.labels == [contract.REPETITION] and is_pathological(request.labels[0])
+    assert not request.group.tripped and not result_dir.exists()
+
+
+def test_a_flagged_generation_that_then_stops_is_still_pathological_for_the_gate(result_dir: Path) -> None:
+    # The detector's false flag (or a loop the model left): the flag stands for the rule, the
+    # slow start sees the pathological outcome, and the precision line records the stop.
+    probe, (request, *_) = _probe(20)
+    _loop_until_flagged(probe, request)
+    probe.observe(request, _response("stop", 120))
+    assert request.labels == [contract.REPETITION] and is_pathological(request.labels[0])
+    assert request.group.tally.pathological == 1
+    task = probe.evidence_document()["tasks"]["t"]
+    assert task["flagged_endings"] == {"stop": 1} and task["finish_reasons"] == {"stop": 1} and task["cut_off"] == 0
+
+
+def test_min_samples_flags_trip_the_group_before_any_generation_ends(result_dir: Path) -> None:
+    probe, requests = _probe(40)
+    min_samples = probe.settings.min_samples
+
+    async def main() -> list[asyncio.Task]:
+        # Requests still in flight when the trip comes are cancelled, as at any trip.
+        waiting = [asyncio.create_task(asyncio.sleep(60)) for _ in range(3)]
+        for task, request in zip(waiting, requests[min_samples:], strict=False):
+            request.group.inflight.add(task, request)
+        await asyncio.sleep(0)
+        for number, request in enumerate(requests[:min_samples], 1):
+            _loop_until_flagged(probe, request)
+            assert request.group.tripped is (number == min_samples)
+        await asyncio.gather(*waiting, return_exceptions=True)
+        return waiting
+
+    waiting = asyncio.run(main())
+    assert all(task.cancelled() for task in waiting)
+    assert all(r.cancelled_by_probe for r in requests[min_samples : min_samples + 3])
+    sidecar = json.loads((result_dir / contract.SIDECAR_NAME).read_text())
+    assert trip_record_problem(sidecar) is None
+    record = sidecar["verdict"]
+    assert (record["cause"], record["observations"], record["pathological"], record["flagged"]) == (
+        contract.REPETITION, min_samples, min_samples, min_samples,
+    )  # fmt: skip
+    assert record["finish_reasons"] == {} and record["settings"][contract.ENV_DETECTOR] is True
+    assert probe.evidence_document()["tasks"]["t"]["flagged"] == min_samples
+
+
+def test_flags_and_endings_add_up_in_the_rule(result_dir: Path) -> None:
+    # 12 flagged loops and 4 generations at the cap: 16 observations, all pathological.
+    probe, requests = _probe(40)
+    for request in requests[:12]:
+        _loop_until_flagged(probe, request)
+    for request in requests[12:15]:
+        probe.observe(request, _response("length", MAX_TOKENS))
+    assert not requests[0].group.tripped
+    probe.observe(requests[15], _response("length", MAX_TOKENS))
+    assert requests[0].group.tripped
+    record = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (record["observations"], record["pathological"], record["flagged"]) == (16, 16, 12)
+    assert record["cause"] == contract.REPETITION  # the cause counted most often
+    assert record["causes"][contract.REPETITION] == 12 and record["causes"][contract.OUTPUT_CAP] == 4
+
+
+def test_healthy_text_is_not_flagged_and_counts_at_its_ending(result_dir: Path) -> None:
+    probe, (request, *_) = _probe(20)
+    for start in range(0, len(HEALTHY), 3):
+        probe.partial(request, 0, HEALTHY[start : start + 3])
+    assert not request.flagged and request.group.tally.observed == 0
+    probe.observe(request, _response("stop", 60))
+    tally = request.group.tally
+    assert (tally.observed, tally.pathological, tally.flagged) == (1, 0, 0)
+    assert request.labels == ["stop"] and not request.detectors  # its detector is dropped at the end
+
+
+def test_only_the_flagged_choice_of_a_multi_prompt_request_is_counted_early(result_dir: Path) -> None:
+    probe = Probe(contract.Settings(), evaluation=True)
+    texts = prompts(2)
+    probe.register(
+        [Instance("generate_until", {}, (t, GEN_KWARGS), i, (("a", "b")[i], i, 1)) for i, t in enumerate(texts)]
+    )
+    request = probe.request(completions("http://127.0.0.1:9"), GEN_KWARGS, texts, MAX_TOKENS)
+    _loop_until_flagged(probe, request, index=1)
+    probe.partial(request, 0, HEALTHY)
+    probe.observe(request, _response("length", MAX_TOKENS, n=2))
+    tally = request.group.tally
+    assert (tally.observed, tally.pathological, tally.flagged) == (2, 2, 1)
+    tasks = probe.evidence_document()["tasks"]
+    assert (tasks["a"]["flagged"], tasks["b"]["flagged"]) == (0, 1)
+    assert tasks["b"]["flagged_endings"] == {"length": 1} and tasks["a"]["flagged_endings"] == {}
+
+
+@pytest.mark.parametrize(
+    "case", ["detector off", "below the rule's budget", "already observed", "not text", "not an index"]
+)
+def test_partial_is_a_no_op_where_it_promises_to_be(result_dir: Path, case: str, capsys) -> None:
+    settings = contract.Settings(detector=case != "detector off")
+    probe, (request, *_) = _probe(20, settings)
+    index, delta = 0, LOOP
+    if case == "below the rule's budget":
+        request = probe.request(completions("http://127.0.0.1:9"), GEN_KWARGS, [prompts(1)[0]], 512)
+    elif case == "already observed":
+        probe.observe(request, _response("stop", 10))
+    elif case == "not text":
+        delta = None  # type: ignore[assignment]
+    elif case == "not an index":
+        index = True  # type: ignore[assignment]
+    before = request.group.tally.observed
+    for _ in range(400):
+        probe.partial(request, index, delta)
+    assert not request.flagged and request.group.tally.observed == before and request.group.tally.flagged == 0
+    assert "internal error" not in capsys.readouterr().err  # refused quietly, not by an error
+
+
+def test_partial_never_raises_and_reports_its_own_error(result_dir: Path, capsys) -> None:
+    probe, (request, *_) = _probe(20)
+    request.detectors = None  # type: ignore[assignment]  # a broken request: the probe's own bug
+    probe.partial(request, 0, LOOP)
+    assert "internal error in partial" in capsys.readouterr().err
+
+
+def test_the_detector_knobs_are_read_used_and_part_of_the_contract(result_dir: Path) -> None:
+    environ = {
+        contract.ENV_DETECTOR: "on", contract.ENV_DETECTOR_NGRAM: "4", contract.ENV_DETECTOR_WINDOW: "64",
+        contract.ENV_DETECTOR_DRIFT: "0.25", contract.ENV_DETECTOR_THRESHOLD: "80", contract.ENV_STREAM: "off",
+    }  # fmt: skip
+    settings, warnings = contract.read_settings(environ)
+    assert warnings == []
+    assert (settings.detector_ngram, settings.detector_window, settings.detector_drift) == (4, 64, 0.25)
+    assert (settings.detector_threshold, settings.stream) == (80.0, "off")
+    assert set(environ) <= set(settings.as_dict())
+    default = contract.Settings()
+    assert (default.stream, default.detector) == ("auto", True)
+    for name, raw in environ.items():
+        changed = contract.read_settings({name: raw})[0]
+        if changed != default:
+            assert contract.settings_fingerprint(changed) != contract.settings_fingerprint(default), name
+    assert contract.read_settings({contract.ENV_DETECTOR: "0"})[0].detector is False
+    # The probe's detectors take the knobs: a loop of one unit is flagged at unit
+    # ngram + ceil(threshold / (1 - drift)): 10 + 50 at the defaults, 4 + 107 here.
+    for knobs, expected in ((default, 60), (settings, 111)):
+        probe, (request, *_) = _probe(20, knobs)
+        assert _loop_until_flagged(probe, request, delta="ab ") == expected
