@@ -44,8 +44,7 @@ from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.simserver import LENGTHS, SimServer  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
-from probe.runtime.contract import ENV_SLOW_START  # noqa: E402
-from probe.runtime.streamed_post import ENV_STREAM  # noqa: E402
+from probe.runtime.contract import ENV_SLOW_START, ENV_STREAM  # noqa: E402
 
 
 def mean_tokens(profile: str) -> float:

@@ -15,7 +15,7 @@ from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import offline_env, task_name
 from probe.runtime import contract, install, state
-from probe.runtime.streamed_post import ENV_STREAM
+from probe.runtime.contract import ENV_STREAM
 
 
 def _responses(output: Path) -> list[list]:

@@ -27,7 +27,7 @@ from probe.runtime.groups import Request
 from probe.runtime.integration import Integration
 from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import MARKER, is_ours, mark, replace, restore_where, wrap
-from probe.runtime.streamed_post import StreamingSession, stream_mode
+from probe.runtime.streamed_post import StreamingSession
 from probe.runtime.versions import LM_EVAL
 
 # The request a running call belongs to. Kept in a context variable, never on the model
@@ -150,7 +150,7 @@ def _streaming(
 ) -> tuple[tuple, dict]:
     """The call's arguments, its session replaced by one that streams (``streamed_post``)
     when the knob allows; the arguments unchanged otherwise, and on any error."""
-    mode = stream_mode(probe)
+    mode = probe.settings.stream
     if mode == "off":
         return args, kwargs
     try:

@@ -16,21 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 
+from probe.runtime.contract import ENV_STREAM
 from probe.runtime.groups import Request
 from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed
 
-ENV_STREAM = "HYPERLOOM_EVAL_PROBE_STREAM"
 # Servers (by URL) that could not be streamed under ``auto``: each is asked once.
 _NOT_STREAMED: set[str] = set()
-
-
-def stream_mode(probe: Any) -> str:
-    """The stream knob's value: ``auto`` (the default), ``on`` or ``off``."""
-    raw = os.environ.get(ENV_STREAM, "auto").strip().lower()
-    return "off" if raw in ("0", "false", "off", "no") else "on" if raw in ("1", "true", "on", "yes") else "auto"
 
 
 class Reassembled:
@@ -131,7 +124,7 @@ class _StreamedPost:
         async for line in response.content:
             for data in lines.feed(line):
                 for index, text in whole.add_event(data):
-                    _partial(probe, request, index, text)
+                    probe.partial(request, index, text)
                 if request.group.tripped:
                     # Its group tripped (perhaps on this very text): end it as a trip ends the others.
                     request.cancelled_by_probe = True
@@ -141,10 +134,3 @@ class _StreamedPost:
         for data in lines.flush():
             whole.add_event(data)
         return Reassembled(whole.response())
-
-
-def _partial(probe: Any, request: Request, index: int, text: str) -> None:
-    # Until the detector lands: state.Probe.partial (see the brief). Replaced after the merge.
-    feed = getattr(probe, "partial", None)
-    if feed is not None:
-        feed(request, index, text)
