@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.lm import chat, completions, generate, probe_installed
+from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed
 from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import offline_env, task_name
@@ -122,6 +122,34 @@ def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim
     assert stats["streamed"] == stats["generate_requests"] <= 8 + 2
     # Nothing is generating any more, and each request the probe closed was aborted there.
     assert stats["in_flight"] == 0
-    assert 1 <= stats["aborted"] <= sidecar["final"]["cancelled_in_flight"]
+    assert stats["aborted"] == stats["generate_requests"] <= sidecar["final"]["cancelled_in_flight"]
     assert stats["tokens_generated"] < stats["generate_requests"] * 2048
-    assert sum(1 for a in answers if a) == stats["completed"] >= 2
+    # The loop detector sees " and and and" as it streams: the trip comes before any generation
+    # ends, and every request in flight is closed mid-generation.
+    assert sidecar["verdict"]["cause"] == contract.REPETITION
+    assert sum(1 for a in answers if a) == stats["completed"] == 0
+
+
+def _never_stopping_run(sim, result_dir, mode: str) -> tuple[dict, dict]:
+    server = sim(mode, seconds_per_token=0.0002)  # 0.8 s for a generation of 4,096 tokens
+    with probe_installed() as probe:
+        generate(completions(server.base_url, num_concurrent=16), 40, {**GEN_KWARGS, "max_tokens": 4096})
+        probe.finalise()
+    return server.snapshot(), json.loads((result_dir / contract.SIDECAR_NAME).read_text())
+
+
+@pytest.mark.parametrize("mode", ["loop_short", "loop_paragraph", "loop_near"])
+def test_a_looping_model_trips_on_repetition_before_any_generation_reaches_the_cap(sim, result_dir, mode) -> None:
+    stats, sidecar = _never_stopping_run(sim, result_dir, mode)
+    assert sidecar["verdict"]["cause"] == contract.REPETITION
+    assert sidecar["verdict"]["flagged"] == sidecar["verdict"]["pathological"] == 16
+    assert stats["completed"] == 0  # no generation ran to its end: each was closed mid-stream
+    assert stats["aborted"] == stats["generate_requests"] == 16
+    assert stats["tokens_generated"] < 16 * 4096 / 2
+
+
+def test_random_text_never_loops_and_trips_by_the_cap_rule(sim, result_dir) -> None:
+    stats, sidecar = _never_stopping_run(sim, result_dir, "random")
+    assert sidecar["verdict"]["cause"] == contract.OUTPUT_CAP
+    assert sidecar["verdict"]["flagged"] == 0
+    assert stats["completed"] == stats["generate_requests"] == 16
