@@ -401,8 +401,9 @@ class SimServer:
         if self.mode == "reasoning" and text:
             return {"message": {"role": "assistant", "content": None, self.reasoning_field: text}}
         if self.lengths == "reasoning" and text and self.mode in ("healthy", "mixed"):
-            # A thinking model's answer: the thinking (one word a token), then the answer.
-            thinking = " hmm" * max(0, tokens - len(text.split()))
+            # A thinking model's answer: the thinking (one word a token, words that never loop, or
+            # the probe's loop detector would rightly flag it), then the answer.
+            thinking = loop_text("random", f"{self.seed}:thinking:{text}:{tokens}", max(0, tokens - len(text.split())))
             return {"message": {"role": "assistant", "content": text, self.reasoning_field: thinking}}
         return {"message": {"role": "assistant", "content": text or None}}
 
