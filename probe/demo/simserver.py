@@ -346,7 +346,7 @@ class SimServer:
                     if due == len(units) and (clock <= 0 or elapsed >= clock):
                         ended[index] = True
                         await send({"choices": [self._ending(body["choices"][index], "messages" in payload)]})
-                await asyncio.sleep(STREAM_TICK if any(clocks) else 0)
+                await asyncio.sleep(_next_wake(pending, sent, ended, clocks, time.monotonic() - started))
             if (payload.get("stream_options") or {}).get("include_usage") and self.stream_quirk != "no_usage":
                 await send({"choices": [], "usage": body.get("usage")})
             await response.write(b"data: [DONE]\n\n")
@@ -496,6 +496,24 @@ def loop_text(mode: str, key: str, tokens: int) -> str:
         for i in range(tokens)
     ]
     return "".join(" " + word for word in words)
+
+
+def _next_wake(
+    pending: list[list[tuple[str, str]]], sent: list[int], ended: list[bool], clocks: list[float], elapsed: float
+) -> float:
+    """Seconds until the stream has something to send: the next word (at most one chunk per
+    STREAM_TICK, so that a fast clock is coalesced) or a choice's end (on time, as unstreamed)."""
+    waits = []
+    for units, done, over, clock in zip(pending, sent, ended, clocks, strict=True):
+        if over:
+            continue
+        if clock <= 0:
+            return 0.0
+        if done < len(units):
+            waits.append(max(clock * (done + 1) / len(units) - elapsed, STREAM_TICK))
+        else:
+            waits.append(max(clock - elapsed, 0.0))
+    return min(waits, default=0.0)
 
 
 def _is_response(body: Any) -> bool:
