@@ -107,7 +107,7 @@ def test_with_the_knob_off_nothing_is_streamed(sim, result_dir, monkeypatch) -> 
 def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim, result_dir, monkeypatch) -> None:
     monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "2")
     monkeypatch.setenv(contract.ENV_SLOW_START, "off")  # a whole wave in flight at the trip
-    server = sim("never_stop", seconds_per_token=0.0005, jitter=2.0)  # 1 s to 3 s each
+    server = sim("loop_short", seconds_per_token=0.0005, jitter=2.0)  # 1 s to 3 s each
     assert install.install()
     try:
         answers = generate(completions(server.base_url, num_concurrent=8), 40)
@@ -124,7 +124,7 @@ def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim
     assert stats["in_flight"] == 0
     assert stats["aborted"] == stats["generate_requests"] <= sidecar["final"]["cancelled_in_flight"]
     assert stats["tokens_generated"] < stats["generate_requests"] * 2048
-    # The loop detector sees " and and and" as it streams: the trip comes before any generation
+    # The loop detector sees the cycle as it streams: the trip comes before any generation
     # ends, and every request in flight is closed mid-generation.
     assert sidecar["verdict"]["cause"] == contract.REPETITION
     assert sum(1 for a in answers if a) == stats["completed"] == 0

@@ -3,7 +3,9 @@
 Serves ``/v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1 (aiohttp) and
 behaves like a chosen kind of model:
 
-- ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``);
+- ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``), its
+  text " and" then random words: it never stops and never loops (as in ``window``,
+  ``hidden_cap`` and under ``loop_marker``), so only the cap rule catches it;
 - ``healthy``: answers the last ``a + b`` in the prompt (``stop``), in as many tokens as
   its length profile says: ``short`` (a few), ``lognormal`` (around 300, as chat answers
   vary) or ``reasoning`` (around 3,000, as a thinking model's do), fixed per prompt;
@@ -410,14 +412,14 @@ class SimServer:
     def _plan(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
         """(text, tokens, finish_reason) for one prompt; one token is one short word."""
         if self.loop_marker is not None and self.loop_marker in prompt:
-            return " and" * max_tokens, max_tokens, "length"
+            return self._rambling(prompt, max_tokens), max_tokens, "length"
         if self.mode == "window":
             tokens = max(1, max_tokens // 2)
-            return " and" * tokens, tokens, "length"
+            return self._rambling(prompt, tokens), tokens, "length"
         if self.mode == "empty":
             return "", 1, "stop"
         if self.mode == "hidden_cap":
-            return " and" * max_tokens, max_tokens, "stop"
+            return self._rambling(prompt, max_tokens), max_tokens, "stop"
         if self.mode == "healthy" or (self.mode == "mixed" and not self.at_cap(prompt)):
             answer = healthy_answer(prompt)
             tokens = answer_tokens(prompt, self.lengths, answer)
@@ -426,10 +428,16 @@ class SimServer:
             return answer, min(max_tokens, tokens), "stop" if tokens < max_tokens else "length"
         if self.mode == "repetition":
             tokens = min(max_tokens, 64)
-            return " again" * tokens, tokens, "repetition"
+            # What the server's detector saw is not ours to repeat: the probe's would flag it first.
+            return self._rambling(prompt, tokens), tokens, "repetition"
         if self.mode in LOOPS:
             return loop_text(self.mode, f"{self.seed}:{prompt}", max_tokens), max_tokens, "length"
-        return " and" * max_tokens, max_tokens, "length"
+        return self._rambling(prompt, max_tokens), max_tokens, "length"
+
+    def _rambling(self, prompt: str, tokens: int) -> str:
+        """The text of a generation that never stops but does not loop (" and", then random
+        words): only the cap rule can catch it, as before the loop detector; the loop modes loop."""
+        return " and" + loop_text("random", f"{self.seed}:{prompt}", tokens - 1) if tokens > 0 else ""
 
     async def _generate(self, duration_tokens: float, total_tokens: int) -> None:
         """Wait as long as the token clock says; count tokens even when aborted."""
