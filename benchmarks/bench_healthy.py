@@ -6,7 +6,8 @@
    wall-time ratio (median probed / median unprobed), and whether the answers
    (``--log_samples``) and scores are identical. The probed runs use
    ``HYPERLOOM_EVAL_PROBE_SLOW_START=--slow-start`` (default ``on``, to measure the slow
-   start's cost everywhere, also where ``auto`` leaves it off). The token clock is set per
+   start's cost everywhere, also where ``auto`` leaves it off) and
+   ``HYPERLOOM_EVAL_PROBE_STREAM=--stream`` (default ``auto``: the probed runs stream). The token clock is set per
    run so that the generation takes about ``--gen-seconds`` (more concurrency, slower
    clock): the lm-eval start-up, the same in both arms, is then a fixed share of each run.
 2. ``python -X importtime -c pass`` under PYTHONDONTWRITEBYTECODE=1 (as InferenceX sets it)
@@ -15,7 +16,7 @@
    a one-line sitecustomize.py, and every module it imported (must be standard library).
 
     python benchmarks/bench_healthy.py [--n 1319] [--concurrency 16,64,256]
-        [--profiles lognormal,reasoning] [--reps 3] [--slow-start on] [--json]
+        [--profiles lognormal,reasoning] [--reps 3] [--slow-start on] [--stream auto] [--json]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.simserver import LENGTHS, SimServer  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
-from probe.runtime.contract import ENV_SLOW_START  # noqa: E402
+from probe.runtime.contract import ENV_SLOW_START, ENV_STREAM  # noqa: E402
 
 
 def mean_tokens(profile: str) -> float:
@@ -74,6 +75,7 @@ def healthy_runs(
             env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", RESULT_DIR=str(output))
             env["PYTHONPATH"] = str(site) if label == "probed" else ""
             env[ENV_SLOW_START] = args.slow_start
+            env[ENV_STREAM] = args.stream
             seen = server.snapshot()["generate_requests"]
             started = time.monotonic()
             subprocess.run(command, env=env, check=True, capture_output=True)
@@ -141,6 +143,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16384)
     parser.add_argument("--gen-seconds", type=float, default=10.0, help="generation time per run the clock aims at")
     parser.add_argument("--slow-start", default="on", help="HYPERLOOM_EVAL_PROBE_SLOW_START for the probed runs")
+    parser.add_argument("--stream", default="auto", help="HYPERLOOM_EVAL_PROBE_STREAM for the probed runs")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--startup-runs", type=int, default=30)
     parser.add_argument("--json", action="store_true")
@@ -161,12 +164,14 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "reps": args.reps,
         "slow_start": args.slow_start,
+        "stream": args.stream,
         "healthy": healthy,
         "healthy_minutes": round((time.monotonic() - started) / 60, 1),
         "startup": startup(args, work),
     }
     print(f"healthy runs, N={args.n}, max_tokens={args.max_tokens}, {args.reps} reps each, "
-          f"probed with {ENV_SLOW_START}={args.slow_start} ({result['healthy_minutes']} min):")  # fmt: skip
+          f"probed with {ENV_SLOW_START}={args.slow_start}, {ENV_STREAM}={args.stream} "
+          f"({result['healthy_minutes']} min):")  # fmt: skip
     for h in healthy:
         print(f"  {h['profile']} C={h['concurrency']} ({h['seconds_per_token'] * 1000:.4f} ms/token): "
               f"unprobed {h['unprobed_wall_s']} s, probed {h['probed_wall_s']} s, "

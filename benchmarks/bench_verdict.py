@@ -1,8 +1,12 @@
 """Time and tokens to the verdict: a never-stopping model, unprobed and probed, in one run.
 
 Three lm-eval runs: unprobed; probed with the default settings (the slow start on, as
-``auto`` decides at this concurrency); probed with ``HYPERLOOM_EVAL_PROBE_SLOW_START=off``
-(a whole first wave, for comparison). For each it measures the tokens the server generated
+``auto`` decides at this concurrency; requests streamed, as ``HYPERLOOM_EVAL_PROBE_STREAM=auto``
+decides); probed with ``HYPERLOOM_EVAL_PROBE_SLOW_START=off`` (a whole first wave, for
+comparison). On the simulated server, then one probed run per looping never-stopping model
+(``--loops``: a short exact cycle, a paragraph-long cycle, a near-loop, random text), where the
+degeneration detector should trip long before any generation reaches the cap (and random text,
+which does not loop, by the cap rule). For each it measures the tokens the server generated
 (the simulated server's counter, or vLLM's ``vllm:generation_tokens_total``, both counting
 the partial tokens of aborted requests), the generate requests it received, and the wall
 time until lm-eval exits; for the probed runs also the time from the first request to the
@@ -40,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from probe.demo.localtask import write_task  # noqa: E402
 from probe.demo.servercounters import vllm_metrics  # noqa: E402
-from probe.demo.simserver import SimServer  # noqa: E402
+from probe.demo.simserver import LOOPS, SimServer  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
 from probe.runtime.contract import ENV_SLOW_START, Settings  # noqa: E402
@@ -51,11 +55,11 @@ DEFAULTS = {"sim": (1319, 64, 16384), "vllm": (200, 64, 1024)}
 class Target:
     """The server under test, with its counters and request arrival times."""
 
-    def __init__(self, kind: str, args: argparse.Namespace, work: Path) -> None:
+    def __init__(self, kind: str, args: argparse.Namespace, work: Path, mode: str = "never_stop") -> None:
         self.kind = kind
         if kind == "sim":
-            self.sim = SimServer("never_stop", seconds_per_token=args.seconds_per_token).start()
-            self.base_url, self.model = self.sim.base_url, "sim-never-stop"
+            self.sim = SimServer(mode, seconds_per_token=args.seconds_per_token).start()
+            self.base_url, self.model = self.sim.base_url, f"sim-{mode}"
         else:
             import vllm_server
             from countingproxy import CountingProxy
@@ -163,6 +167,7 @@ def evaluate(
             exit_after_trip_s=round(ended - tripped_at, 2),
             requests_after_trip=sum(1 for t in times if t > tripped_at),
             cancelled_in_flight=(sidecar.final or {}).get("cancelled_in_flight"),
+            cause=sidecar.trip.get("cause"),
         )
     return figures
 
@@ -175,6 +180,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, help="budget per request (default: 16384 sim, 1024 vllm)")
     parser.add_argument("--seconds-per-token", type=float, default=0.00025, help="the simulated token clock")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument(
+        "--loops",
+        default=",".join(LOOPS),
+        help="simulated never-stopping models to run probed after the three runs (comma-separated, '' for none)",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args()
     n, concurrency, max_tokens = DEFAULTS[args.server]
@@ -202,7 +212,14 @@ def main() -> None:
             "unprobed": evaluate(target, args, work, "unprobed", None),
             "probed": evaluate(target, args, work, "probed", "auto"),
             "probed_slow_start_off": evaluate(target, args, work, "probed_slow_start_off", "off"),
+            "loops": {},
         }
+        for mode in [m for m in args.loops.split(",") if m] if args.server == "sim" else []:
+            looping = Target("sim", args, work, mode)
+            try:
+                result["loops"][mode] = evaluate(looping, args, work, f"probed_{mode}", "auto")
+            finally:
+                looping.close()
     finally:
         target.close()
     print(_report(result))
@@ -242,6 +259,19 @@ def _report(r: dict[str, Any]) -> str:
         f"  saving: tokens {_saving(p, u, 'tokens')} (slow start off: {_saving(off, u, 'tokens')}); "
         f"wall time {_saving(p, u, 'wall_s')} (slow start off: {_saving(off, u, 'wall_s')})",
     ]
+    for mode, f in r.get("loops", {}).items():
+        time_x, tokens_x = f["trip_s"] / one, f["tokens"] / floor
+        # A loop must be caught by the detector; random text (no loop) by the cap rule, as before.
+        target = (
+            f"tripped by the cap rule: {check(f['cause'] == 'output_cap')}"
+            if mode == "random"
+            else f"time <= 0.05: {check(time_x <= 0.05)}, tokens <= 0.05: {check(tokens_x <= 0.05)}"
+        )
+        lines.append(
+            f"  {mode} (probed, streamed): trip after {f['trip_s']} s ({time_x:.3f} x one generation), "
+            f"{f['tokens']:,} tokens ({tokens_x:.3f} x MIN_SAMPLES x M), cause {f['cause']}, {f['requests']} "
+            f"requests, verdict {f['verdict']}; {target}"
+        )
     return "\n".join(lines)
 
 

@@ -3,7 +3,9 @@
 Serves ``/v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1 (aiohttp) and
 behaves like a chosen kind of model:
 
-- ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``);
+- ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``), its
+  text " and" then random words: it never stops and never loops (as in ``window``,
+  ``hidden_cap`` and under ``loop_marker``), so only the cap rule catches it;
 - ``healthy``: answers the last ``a + b`` in the prompt (``stop``), in as many tokens as
   its length profile says: ``short`` (a few), ``lognormal`` (around 300, as chat answers
   vary) or ``reasoning`` (around 3,000, as a thinking model's do), fixed per prompt;
@@ -17,7 +19,22 @@ behaves like a chosen kind of model:
 - ``reasoning``: every generation spends the budget reasoning (``length``; chat content
   null, ``reasoning_content`` set; completions text empty);
 - ``empty``: the model stops at once with nothing to say (``stop``, empty or null content);
-- ``malformed``: well-formed HTTP, nonsense JSON bodies.
+- ``malformed``: well-formed HTTP, nonsense JSON bodies;
+- never-stopping models that loop, each running every generation to ``max_tokens``:
+  ``loop_short`` (an exact cycle of 4 words), ``loop_paragraph`` (an exact cycle of a
+  60-word paragraph), ``loop_near`` (that paragraph with 5% of its words replaced at random),
+  and ``random`` (random words: never stops, never loops). Deterministic by ``seed`` and prompt.
+
+**Streaming.** A request with ``"stream": true`` is answered with server-sent events as
+vLLM sends them: one chunk per choice as its tokens come due on the token clock (each
+word one token; without a clock, a few words a chunk), a last chunk per choice with
+its ``finish_reason``, a usage chunk when ``stream_options.include_usage`` asks, then
+``data: [DONE]``; chat streams open with the role, and on the ``reasoning`` profile (and in
+``reasoning`` mode) the thinking comes first as ``reasoning_field`` deltas. The chunks
+reassemble into exactly the unstreamed body. ``stream_quirk`` makes a server that cannot be
+streamed: ``refuse`` (400 to any ``stream_options``), ``no_usage``, ``error_event`` (an error
+chunk after the first text), ``unknown_field`` (a choice with a field nobody knows) or
+``json`` (answers unstreamed).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
@@ -35,7 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
+import random
 import re
 import statistics
 import threading
@@ -45,7 +64,16 @@ from typing import Any
 
 from aiohttp import web
 
-MODES = ("never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed")
+LOOPS = ("loop_short", "loop_paragraph", "loop_near", "random")
+MODES = (
+    "never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed", *LOOPS,
+)  # fmt: skip
+STREAM_QUIRKS = (None, "refuse", "no_usage", "error_event", "unknown_field", "json")
+# Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
+# engine step; coalescing keeps the simulated server's own cost small at C=64).
+STREAM_TICK = 0.01
+WORDS_PER_CHUNK = 8
+_WORDS = re.compile(r"\s*\S+|\s+")
 # Length profiles of a stopping answer: (median tokens, sigma of the log), None for "short".
 # Log-normal, because answer lengths are: a long right tail, never below one token.
 LENGTHS: dict[str, tuple[float, float] | None] = {"short": None, "lognormal": (300, 0.6), "reasoning": (3000, 0.5)}
@@ -67,6 +95,7 @@ class Stats:
     # Generate requests answered with finish_reason "stop" when each one arrived, in order.
     stopped_at_arrival: list = field(default_factory=list)
     stopped: int = 0
+    streamed: int = 0  # generate requests answered with a stream
     in_flight: int = 0
     last_completed_at: float = 0.0  # time.time() of the last generation that ran to its end
 
@@ -127,7 +156,12 @@ class SimServer:
         cap_min_chars: int | None = None,
         first_n: int = 0,
         first_reason: str = "error",
+        seed: int = 0,
+        reasoning_field: str = "reasoning_content",
+        stream_quirk: str | None = None,
     ) -> None:
+        if stream_quirk not in STREAM_QUIRKS:
+            raise ValueError(f"unknown stream quirk {stream_quirk!r}")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if lengths not in LENGTHS:
@@ -143,6 +177,9 @@ class SimServer:
         self.cap_min_chars = cap_min_chars
         self.first_n = first_n
         self.first_reason = first_reason
+        self.seed = seed
+        self.reasoning_field = reasoning_field
+        self.stream_quirk = stream_quirk
         self.stats = Stats()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,11 +255,14 @@ class SimServer:
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.snapshot())
 
-    async def _completions(self, request: web.Request) -> web.Response:
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         chat = request.path.endswith("/chat/completions")
         if not payload.get("max_tokens", payload.get("max_completion_tokens")) or payload.get("echo"):
             return self._loglikelihood(payload)
+        stream = bool(payload.get("stream"))
+        if stream and self.stream_quirk == "refuse" and "stream_options" in payload:
+            return web.json_response({"error": {"message": "stream_options is not supported"}}, status=400)
         max_tokens = int(payload.get("max_tokens", payload.get("max_completion_tokens")))
         prompts = _prompt_text(payload)
         with self._lock:
@@ -230,7 +270,7 @@ class SimServer:
             self.stats.generate_request_times.append(time.time())
             first = self.stats.generate_requests <= self.first_n
         if first:
-            return self._first_answer(prompts, chat)
+            return await self._respond(request, payload, self._first_answer(prompts, chat))
         if self.mode == "malformed":
             return web.json_response(self.malformed_body)
         plans = [self._plan(prompt, max_tokens) for prompt in prompts]
@@ -242,21 +282,99 @@ class SimServer:
             self.stats.in_flight += 1
             self.stats.in_flight_at_arrival.append(self.stats.in_flight)
             self.stats.stopped_at_arrival.append(self.stats.stopped)
+        choices = [
+            {"index": index, "finish_reason": reason, **self._body(text, chat, tokens)}
+            for index, (text, tokens, reason) in enumerate(plans)
+        ]
+        usage = {"completion_tokens": sum(t for _, t, _ in plans), "prompt_tokens": 1}
+        kind = "chat.completion" if chat else "text_completion"
+        body = {"id": "sim", "object": kind, "model": payload.get("model"), "choices": choices, "usage": usage}
         try:
+            if stream and self.stream_quirk != "json":
+                return await self._stream(request, payload, body, [tokens for _, tokens, _ in plans], stretch)
             await self._generate(longest * stretch, sum(tokens for _, tokens, _ in plans))
         finally:
             with self._lock:
                 self.stats.in_flight -= 1
         with self._lock:
             self.stats.stopped += all(reason == "stop" for _, _, reason in plans)
-        choices = []
-        for index, (text, _tokens, reason) in enumerate(plans):
-            choices.append({"index": index, "finish_reason": reason, **self._body(text, chat)})
-        usage = {"completion_tokens": sum(t for _, t, _ in plans), "prompt_tokens": 1}
-        kind = "chat.completion" if chat else "text_completion"
-        return web.json_response(
-            {"id": "sim", "object": kind, "model": payload.get("model"), "choices": choices, "usage": usage}
-        )
+        return web.json_response(body)
+
+    async def _respond(self, request: web.Request, payload: dict[str, Any], body: Any) -> web.StreamResponse:
+        """``body`` as asked: streamed when it can be (a well-formed response), else as JSON."""
+        if payload.get("stream") and self.stream_quirk != "json" and _is_response(body):
+            return await self._stream(request, payload, body, [0] * len(body["choices"]), 1.0)
+        return web.json_response(body)
+
+    async def _stream(
+        self, request: web.Request, payload: dict[str, Any], body: dict[str, Any], tokens: list[int], stretch: float
+    ) -> web.StreamResponse:
+        """Send ``body`` as vLLM streams it, each choice's words as the token clock makes them due."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        with self._lock:
+            self.stats.streamed += 1
+        head = {"id": body["id"], "object": body["object"] + (".chunk" if body["object"] == "chat.completion" else "")}
+        head["model"] = body.get("model")
+        pending = [_units(choice) for choice in body["choices"]]
+        sent = [0] * len(pending)
+        ended = [False] * len(pending)
+        clocks = [n * stretch * self.seconds_per_token for n in tokens]
+        started = time.monotonic()
+
+        async def send(chunk: dict[str, Any]) -> None:
+            await response.write(f"data: {json.dumps({**head, **chunk})}\n\n".encode())
+
+        try:
+            if "messages" in payload:
+                for index, choice in enumerate(body["choices"]):
+                    opening = {"role": "assistant", **({"content": ""} if choice["message"].get("content") else {})}
+                    await send({"choices": [{"index": index, "delta": opening, "finish_reason": None}]})
+            while not all(ended):
+                elapsed = time.monotonic() - started
+                for index, units in enumerate(pending):
+                    if ended[index]:
+                        continue
+                    clock = clocks[index]
+                    due = len(units) if clock <= 0 or elapsed >= clock else int(len(units) * elapsed / clock)
+                    # Without a clock, a few words a chunk (vLLM sends one token a chunk, or a few).
+                    due = min(due, sent[index] + WORDS_PER_CHUNK) if clock <= 0 else due
+                    for field_name, text in _runs(units[sent[index] : due]):
+                        await send({"choices": [_delta(index, field_name, text, "messages" in payload)]})
+                        if self.stream_quirk == "error_event":
+                            await send({"error": {"message": "simulated failure", "code": 500}})
+                            return response
+                    sent[index] = due
+                    if due == len(units) and (clock <= 0 or elapsed >= clock):
+                        ended[index] = True
+                        await send({"choices": [self._ending(body["choices"][index], "messages" in payload)]})
+                await asyncio.sleep(_next_wake(pending, sent, ended, clocks, time.monotonic() - started))
+            if (payload.get("stream_options") or {}).get("include_usage") and self.stream_quirk != "no_usage":
+                await send({"choices": [], "usage": body.get("usage")})
+            await response.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The tokens generated until the client left, as vLLM counts an aborted request's.
+            elapsed = time.monotonic() - started
+            done = sum(
+                n if clock <= 0 else min(n, int(n * elapsed / clock)) for n, clock in zip(tokens, clocks, strict=True)
+            )
+            with self._lock:
+                self.stats.tokens_generated += done
+                self.stats.aborted += 1
+            raise
+        with self._lock:
+            self.stats.tokens_generated += sum(tokens)
+            self.stats.completed += 1
+            self.stats.last_completed_at = time.time()
+            self.stats.stopped += all(choice.get("finish_reason") == "stop" for choice in body["choices"])
+        return response
+
+    def _ending(self, choice: dict[str, Any], chat: bool) -> dict[str, Any]:
+        ending: dict[str, Any] = {"index": choice["index"], "finish_reason": choice.get("finish_reason")}
+        ending.update({"delta": {}} if chat else {"text": ""})
+        if self.stream_quirk == "unknown_field":
+            ending["surprise"] = 1
+        return ending
 
     def at_cap(self, prompt: str) -> bool:
         """Whether this server runs ``prompt`` to the cap (in mixed mode, by its hash or length)."""
@@ -266,36 +384,42 @@ class SimServer:
             return len(prompt) >= self.cap_min_chars
         return _at_cap(prompt, self.cap_fraction)
 
-    def _first_answer(self, prompts: list[str], chat: bool) -> web.Response:
+    def _first_answer(self, prompts: list[str], chat: bool) -> Any:
         """One of the first ``first_n`` answers: every choice ends with ``first_reason``."""
         if self.first_reason == "malformed":
-            return web.json_response(self.malformed_body)
+            return self.malformed_body
+        kind = "chat.completion" if chat else "text_completion"
         if self.first_reason == "no_choices":
-            return web.json_response({"id": "sim", "choices": [], "usage": {"completion_tokens": 0}})
+            return {"id": "sim", "object": kind, "choices": [], "usage": {"completion_tokens": 0}}
         choices = [
-            {"index": i, "finish_reason": self.first_reason, **self._body("", chat)} for i in range(len(prompts))
+            {"index": i, "finish_reason": self.first_reason, **self._body("", chat, 0)} for i in range(len(prompts))
         ]
-        return web.json_response({"id": "sim", "choices": choices, "usage": {"completion_tokens": 0}})
+        return {"id": "sim", "object": kind, "choices": choices, "usage": {"completion_tokens": 0}}
 
-    def _body(self, text: str, chat: bool) -> dict[str, Any]:
+    def _body(self, text: str, chat: bool, tokens: int) -> dict[str, Any]:
         """A choice's text (completions) or message (chat), as each mode's server sends it."""
         if not chat:
             return {"text": "" if self.mode == "reasoning" else text}
         if self.mode == "reasoning" and text:
-            return {"message": {"role": "assistant", "content": None, "reasoning_content": text}}
+            return {"message": {"role": "assistant", "content": None, self.reasoning_field: text}}
+        if self.lengths == "reasoning" and text and self.mode in ("healthy", "mixed"):
+            # A thinking model's answer: the thinking (one word a token, words that never loop, or
+            # the probe's loop detector would rightly flag it), then the answer.
+            thinking = loop_text("random", f"{self.seed}:thinking:{text}:{tokens}", max(0, tokens - len(text.split())))
+            return {"message": {"role": "assistant", "content": text, self.reasoning_field: thinking}}
         return {"message": {"role": "assistant", "content": text or None}}
 
     def _plan(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
         """(text, tokens, finish_reason) for one prompt; one token is one short word."""
         if self.loop_marker is not None and self.loop_marker in prompt:
-            return " and" * max_tokens, max_tokens, "length"
+            return self._rambling(prompt, max_tokens), max_tokens, "length"
         if self.mode == "window":
             tokens = max(1, max_tokens // 2)
-            return " and" * tokens, tokens, "length"
+            return self._rambling(prompt, tokens), tokens, "length"
         if self.mode == "empty":
             return "", 1, "stop"
         if self.mode == "hidden_cap":
-            return " and" * max_tokens, max_tokens, "stop"
+            return self._rambling(prompt, max_tokens), max_tokens, "stop"
         if self.mode == "healthy" or (self.mode == "mixed" and not self.at_cap(prompt)):
             answer = healthy_answer(prompt)
             tokens = answer_tokens(prompt, self.lengths, answer)
@@ -304,8 +428,16 @@ class SimServer:
             return answer, min(max_tokens, tokens), "stop" if tokens < max_tokens else "length"
         if self.mode == "repetition":
             tokens = min(max_tokens, 64)
-            return " again" * tokens, tokens, "repetition"
-        return " and" * max_tokens, max_tokens, "length"
+            # What the server's detector saw is not ours to repeat: the probe's would flag it first.
+            return self._rambling(prompt, tokens), tokens, "repetition"
+        if self.mode in LOOPS:
+            return loop_text(self.mode, f"{self.seed}:{prompt}", max_tokens), max_tokens, "length"
+        return self._rambling(prompt, max_tokens), max_tokens, "length"
+
+    def _rambling(self, prompt: str, tokens: int) -> str:
+        """The text of a generation that never stops but does not loop (" and", then random
+        words): only the cap rule can catch it, as before the loop detector; the loop modes loop."""
+        return " and" + loop_text("random", f"{self.seed}:{prompt}", tokens - 1) if tokens > 0 else ""
 
     async def _generate(self, duration_tokens: float, total_tokens: int) -> None:
         """Wait as long as the token clock says; count tokens even when aborted."""
@@ -345,3 +477,84 @@ class SimServer:
                 }
             )
         return web.json_response({"id": "sim", "object": "text_completion", "choices": choices})
+
+
+# The looping models' material: a paragraph of 60 words, and a vocabulary for random text.
+_PARAGRAPH_TEXT = (
+    "Let us compute the total step by step. First we add the apples to the oranges, then we "
+    "subtract the ones that were eaten, and the remainder is what is left in the basket. So "
+    "the number of fruits is the sum of the two counts minus the eaten ones, which gives us "
+    "the answer we wanted to find here."
+)
+PARAGRAPH = _PARAGRAPH_TEXT.split(" ")
+VOCABULARY = sorted({word.strip(".,").lower() for word in PARAGRAPH} | {f"w{i}" for i in range(2000)})
+
+
+def loop_text(mode: str, key: str, tokens: int) -> str:
+    """``tokens`` words of a looping model's never-ending output (deterministic by ``key``)."""
+    if mode == "loop_short":
+        cycle = ["the", "answer", "is", "so"]
+        return "".join(" " + cycle[i % len(cycle)] for i in range(tokens))
+    draw = random.Random(key)
+    if mode == "random":
+        return "".join(" " + draw.choice(VOCABULARY) for _ in range(tokens))
+    perturbed = 0.05 if mode == "loop_near" else 0.0
+    words = [
+        draw.choice(VOCABULARY) if perturbed and draw.random() < perturbed else PARAGRAPH[i % len(PARAGRAPH)]
+        for i in range(tokens)
+    ]
+    return "".join(" " + word for word in words)
+
+
+def _next_wake(
+    pending: list[list[tuple[str, str]]], sent: list[int], ended: list[bool], clocks: list[float], elapsed: float
+) -> float:
+    """Seconds until the stream has something to send: the next word (at most one chunk per
+    STREAM_TICK, so that a fast clock is coalesced) or a choice's end (on time, as unstreamed)."""
+    waits = []
+    for units, done, over, clock in zip(pending, sent, ended, clocks, strict=True):
+        if over:
+            continue
+        if clock <= 0:
+            return 0.0
+        if done < len(units):
+            waits.append(max(clock * (done + 1) / len(units) - elapsed, STREAM_TICK))
+        else:
+            waits.append(max(clock - elapsed, 0.0))
+    return min(waits, default=0.0)
+
+
+def _is_response(body: Any) -> bool:
+    return (
+        isinstance(body, dict)
+        and body.get("object") in ("text_completion", "chat.completion")
+        and isinstance(body.get("choices"), list)
+    )
+
+
+def _units(choice: dict[str, Any]) -> list[tuple[str, str]]:
+    """A choice's output as (field, word) units in the order a server generates them."""
+    if "message" not in choice:
+        return [("text", word) for word in _WORDS.findall(choice.get("text") or "")]
+    message = choice["message"]
+    units = []
+    for name in ("reasoning_content", "reasoning", "content"):
+        units += [(name, word) for word in _WORDS.findall(message.get(name) or "")]
+    return units
+
+
+def _runs(units: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Consecutive units of one field joined: one delta each."""
+    runs: list[tuple[str, str]] = []
+    for name, word in units:
+        if runs and runs[-1][0] == name:
+            runs[-1] = (name, runs[-1][1] + word)
+        else:
+            runs.append((name, word))
+    return runs
+
+
+def _delta(index: int, name: str, text: str, chat: bool) -> dict[str, Any]:
+    if chat:
+        return {"index": index, "delta": {name: text}, "finish_reason": None}
+    return {"index": index, "text": text, "finish_reason": None}

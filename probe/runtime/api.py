@@ -2,7 +2,8 @@
 
 - ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate (which starts slow and
   learns from each finished call), runs as a task of its own so that a trip can cancel it,
-  and answers blank once its group has tripped.
+  and answers blank once its group has tripped; its generate requests are streamed where the
+  payload and the knob allow (``streamed_post``), so that the probe sees the text as it comes.
 - ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
 - ``generate_until`` sorts a group's requests in a seeded sample order instead of lm-eval's
   longest first (``order``), on both paths: what the sync path sends next, and which prompts
@@ -26,6 +27,7 @@ from probe.runtime.groups import Request
 from probe.runtime.integration import Integration
 from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import MARKER, is_ours, mark, replace, restore_where, wrap
+from probe.runtime.streamed_post import StreamingSession
 from probe.runtime.versions import LM_EVAL
 
 # The request a running call belongs to. Kept in a context variable, never on the model
@@ -119,6 +121,7 @@ async def _run_async(
         # A task copies the current context when it is created: setting the variable around
         # ensure_future gives lm-eval's call (and the parse_generations it makes) this
         # request, and resetting it at once leaves this wrapper's own context untouched.
+        args, kwargs = _streaming(probe, request, original, lm, args, kwargs)
         token = _CURRENT.set(request)
         try:
             inner = asyncio.ensure_future(original(lm, *args, **kwargs))
@@ -140,6 +143,26 @@ async def _run_async(
     finally:
         if gate is not None:
             _release(probe, gate, answered, request)
+
+
+def _streaming(
+    probe: state.Probe, request: Request, original: Callable, lm: Any, args: tuple, kwargs: dict
+) -> tuple[tuple, dict]:
+    """The call's arguments, its session replaced by one that streams (``streamed_post``)
+    when the knob allows; the arguments unchanged otherwise, and on any error."""
+    mode = probe.settings.stream
+    if mode == "off":
+        return args, kwargs
+    try:
+        bound = _SIGNATURES[original].bind(lm, *args, **kwargs)
+        session = bound.arguments.get("session")
+        if session is None:
+            return args, kwargs
+        bound.arguments["session"] = StreamingSession(session, probe, request, mode)
+        return bound.args[1:], bound.kwargs
+    except Exception as error:
+        probe.errors.report("stream", error)
+        return args, kwargs
 
 
 def _release(probe: state.Probe, gate: Gate, answered: bool, request: Request) -> None:

@@ -1,0 +1,247 @@
+"""Streamed responses, reassembled (pure): server-sent events in, the unstreamed response dict out.
+
+A generate request sent with ``"stream": true`` and ``stream_options.include_usage`` comes
+back as server-sent events, one JSON chunk each (vLLM's and OpenAI's shape), then
+``data: [DONE]``. :class:`Reassembly` takes the chunks in order, says what new text each
+choice received (for the degeneration detector), and at the end gives the response the
+unstreamed request would have produced: the text (completions) or the message (chat) with
+the reasoning fields under the names the server used, ``finish_reason`` and every other
+per-choice field the stream carried, ``usage``, and the choices in index order.
+
+Whatever it cannot reassemble with certainty raises :class:`Unassemblable`, and the caller
+then sends one ordinary request: an error event, a field it does not know with a value
+(logprobs, tool calls, ...), a choice that never ended, a missing usage chunk, an index
+out of range, anything that is not JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+DONE = "[DONE]"
+# The message fields a chat delta spells out in pieces, joined in order.
+TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+# Fields of a response, of a choice and of a delta that the reassembly knows. A field it
+# does not know is accepted only while it is null: anything else might be lost.
+_TOP = ("id", "object", "created", "model", "system_fingerprint", "service_tier")
+_CHOICE = ("finish_reason", "stop_reason", "matched_stop")  # scalars: the last non-null wins
+_NULL_ONLY = ("logprobs", "token_ids", "prompt_logprobs", "prompt_token_ids")
+_OBJECTS = {"text_completion": "text_completion", "chat.completion.chunk": "chat.completion"}
+
+
+class Unassemblable(ValueError):
+    """The stream cannot be turned into the unstreamed response with certainty."""
+
+
+class EventLines:
+    """Server-sent events from the lines of a response body: the ``data`` of each event.
+
+    Lines may come with or without their line ends; a comment (``:``) is skipped; an
+    ``event:`` other than ``message``, or a line that is not SSE at all, is refused.
+    """
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, line: bytes | str) -> list[str]:
+        """The events that ``line`` completes (none, or the one it ends)."""
+        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        text = text.rstrip("\r\n")
+        if not text:
+            return self.flush()
+        if text.startswith(":"):
+            return []
+        name, _, value = text.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            self._data.append(value)
+            return []
+        if (name == "event" and value == "message") or name in ("id", "retry"):
+            return []
+        raise Unassemblable(f"not a server-sent event line: {text[:80]!r}")
+
+    def flush(self) -> list[str]:
+        """The event being read, when the body ended without its blank line."""
+        if not self._data:
+            return []
+        data, self._data = "\n".join(self._data), []
+        return [data]
+
+
+@dataclass
+class _Choice:
+    index: int
+    chat: bool
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    role: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def add_text(self, name: str, piece: Any) -> str:
+        if piece is None:
+            self.texts.setdefault(name, [])
+            return ""
+        if not isinstance(piece, str):
+            raise Unassemblable(f"choice {self.index}: {name} is {type(piece).__name__}, not text")
+        self.texts.setdefault(name, []).append(piece)
+        return piece
+
+    def joined(self, name: str) -> str | None:
+        pieces = self.texts.get(name)
+        return None if pieces is None else "".join(pieces)
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role or "assistant"}
+        content = self.joined("content")
+        reasoning = any(self.joined(name) for name in REASONING_FIELDS)
+        # vLLM's reasoning parsers answer None for an empty answer after reasoning, while
+        # its stream opens every message with content "": so empty content is None there.
+        message["content"] = None if not content and reasoning else content
+        for name in REASONING_FIELDS:
+            if name in self.texts:
+                message[name] = self.joined(name)
+        return message
+
+    def body(self) -> dict[str, Any]:
+        if "finish_reason" not in self.fields or self.fields["finish_reason"] is None:
+            raise Unassemblable(f"choice {self.index} never ended")
+        body: dict[str, Any] = {"index": self.index}
+        if self.chat:
+            body["message"] = self.message()
+        else:
+            body["text"] = self.joined("text") or ""
+        body.update(self.fields)
+        return body
+
+
+class Reassembly:
+    """One streamed response being reassembled.
+
+    Promise: for any response the server could send unstreamed, the chunks it streams for
+    it, fed in order, give that response back from :meth:`response` (tests/test_stream.py
+    checks this as a property); anything else raises :class:`Unassemblable`.
+    """
+
+    def __init__(self, n_choices: int) -> None:
+        self.n_choices = n_choices
+        self._top: dict[str, Any] = {}
+        self._choices: dict[int, _Choice] = {}
+        self._usage: dict[str, Any] | None = None
+        self.done = False
+
+    def add_event(self, data: str) -> list[tuple[int, str]]:
+        """Take one event's data; returns (choice index, new text) for each choice it extended."""
+        if self.done:
+            raise Unassemblable("an event after [DONE]")
+        if data.strip() == DONE:
+            self.done = True
+            return []
+        try:
+            chunk = json.loads(data)
+        except ValueError as error:
+            raise Unassemblable(f"an event that is not JSON: {data[:80]!r}") from error
+        return self.add_chunk(chunk)
+
+    def add_chunk(self, chunk: Any) -> list[tuple[int, str]]:
+        if not isinstance(chunk, dict):
+            raise Unassemblable("an event that is not a JSON object")
+        if "error" in chunk:
+            raise Unassemblable(f"an error event: {str(chunk['error'])[:200]}")
+        for name, value in chunk.items():
+            if name in _TOP:
+                self._top.setdefault(name, value)
+            elif name == "usage":
+                if value is not None:
+                    self._usage = _object(value, "usage")
+            elif name != "choices" and value is not None:
+                raise Unassemblable(f"an unknown field in a chunk: {name}")
+        if self._top.get("object") not in _OBJECTS:
+            raise Unassemblable(f"an unknown kind of chunk: {self._top.get('object')!r}")
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            raise Unassemblable("a chunk without a list of choices")
+        return [update for choice in choices if (update := self._add_choice(_object(choice, "choice")))[1]]
+
+    def _add_choice(self, raw: dict[str, Any]) -> tuple[int, str]:
+        index = raw.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < self.n_choices:
+            raise Unassemblable(f"a choice index out of range: {index!r}")
+        chat = self._top["object"] == "chat.completion.chunk"
+        choice = self._choices.setdefault(index, _Choice(index, chat))
+        new = ""
+        for name, value in raw.items():
+            if name == "index":
+                continue
+            if name == "text" and not chat:
+                new += choice.add_text("text", value)
+            elif name == "delta" and chat:
+                new += self._add_delta(choice, _object(value, "delta"))
+            elif name in _CHOICE:
+                if value is not None or name not in choice.fields:
+                    choice.fields[name] = value
+            elif name in _NULL_ONLY:
+                if value is not None:
+                    raise Unassemblable(f"choice {index} carries {name}")
+                choice.fields.setdefault(name, None)
+            elif value is not None:
+                raise Unassemblable(f"choice {index} carries an unknown field: {name}")
+        return index, new
+
+    @staticmethod
+    def _add_delta(choice: _Choice, delta: dict[str, Any]) -> str:
+        new = ""
+        for name, value in delta.items():
+            if name in TEXT_FIELDS:
+                new += choice.add_text(name, value)
+            elif name == "role":
+                choice.role = choice.role or value
+            elif value is not None and value != []:  # tool calls, refusals, audio: not ours to rebuild
+                raise Unassemblable(f"choice {choice.index} carries {name}")
+        return new
+
+    def response(self) -> dict[str, Any]:
+        """The unstreamed response; raises :class:`Unassemblable` when the stream was incomplete."""
+        if not self.done:
+            raise Unassemblable("the stream ended before [DONE]")
+        if self._usage is None:
+            raise Unassemblable("the stream carried no usage")
+        if sorted(self._choices) != list(range(self.n_choices)):
+            raise Unassemblable(f"{len(self._choices)} choices for {self.n_choices} prompts")
+        response = dict(self._top)
+        response["object"] = _OBJECTS[response["object"]]
+        response["choices"] = [self._choices[i].body() for i in range(self.n_choices)]
+        response["usage"] = self._usage
+        return response
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Unassemblable(f"a {what} that is not a JSON object")
+    return value
+
+
+def streamable(payload: Any) -> int | None:
+    """How many choices a streamed ``payload`` must come back with, or None when it must not
+    be streamed: it asks for log-probabilities, an echo, several choices per prompt, or a
+    stream already, or is not a generate payload."""
+    if not isinstance(payload, dict) or "stream" in payload or "stream_options" in payload:
+        return None
+    if any(payload.get(name) for name in ("logprobs", "top_logprobs", "echo")):
+        return None
+    if payload.get("n", 1) != 1 or payload.get("best_of", 1) != 1:
+        return None
+    if "messages" in payload:
+        return 1 if isinstance(payload["messages"], list) else None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+        return 1
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return len(prompt)
+    return None
+
+
+def streamed(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` asking for a stream that ends with a usage chunk."""
+    return {**payload, "stream": True, "stream_options": {"include_usage": True}}

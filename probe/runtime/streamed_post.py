@@ -1,0 +1,136 @@
+"""The aiohttp glue of streamed evidence: a stand-in for lm-eval's session whose ``post`` streams.
+
+lm-eval's own ``amodel_call`` runs unchanged (its payload, its retries, its error handling,
+its parser and its cache); only the session it is handed differs. For a payload that may be
+streamed (``stream.streamable``) its ``post`` sends the request with ``"stream": true``,
+feeds each choice's new text to the probe as it arrives, and hands lm-eval a response whose
+``json()`` is the reassembled unstreamed body. When the stream cannot be reassembled with
+certainty (a refusal, a reply that is not a stream, an event it does not know, no usage), it
+sends the ordinary request instead and hands lm-eval that response, untouched; this is said
+once per server and reason. Under ``auto``, a server whose ordinary request succeeded after
+such a fallback is not streamed again in this process; under ``on`` every request tries.
+A transport error or a timeout propagates as it would unstreamed: lm-eval retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from probe.runtime.contract import ENV_STREAM
+from probe.runtime.groups import Request
+from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed
+
+# Servers (by URL) that could not be streamed under ``auto``: each is asked once.
+_NOT_STREAMED: set[str] = set()
+
+
+class Reassembled:
+    """What lm-eval's ``amodel_call`` reads of a response, for a reassembled stream."""
+
+    ok = True
+    status = 200
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self._body = body
+
+    async def json(self, **_: Any) -> dict[str, Any]:
+        return self._body
+
+    async def text(self, **_: Any) -> str:
+        return json.dumps(self._body)
+
+    def raise_for_status(self) -> None:
+        return None
+
+
+class StreamingSession:
+    """Stands in for lm-eval's aiohttp session during one generate call; everything but
+    ``post`` of a streamable payload goes to the session itself."""
+
+    def __init__(self, session: Any, probe: Any, request: Request, mode: str) -> None:
+        self._session = session
+        self._probe = probe
+        self._request = request
+        self._mode = mode
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def post(self, url: Any, *args: Any, json: Any = None, **kwargs: Any) -> Any:
+        n_choices = streamable(json) if not args else None
+        if n_choices is None or (self._mode == "auto" and str(url) in _NOT_STREAMED):
+            return self._session.post(url, *args, json=json, **kwargs)
+        return _StreamedPost(self, url, json, kwargs, n_choices)
+
+
+class _StreamedPost:
+    """``async with session.post(...) as response``, streamed, with the ordinary request as fallback."""
+
+    def __init__(self, owner: StreamingSession, url: Any, payload: dict, kwargs: dict, n_choices: int) -> None:
+        self._owner = owner
+        self._url = url
+        self._payload = payload
+        self._kwargs = kwargs
+        self._n_choices = n_choices
+        self._ordinary: Any = None
+
+    async def __aenter__(self) -> Any:
+        owner = self._owner
+        outcome = await self._stream()
+        if isinstance(outcome, Reassembled):
+            return outcome
+        self._ordinary = owner._session.post(self._url, json=self._payload, **self._kwargs)
+        response = await self._ordinary.__aenter__()
+        if owner._mode == "auto" and response.ok:
+            _NOT_STREAMED.add(str(self._url))
+        then = "not streaming to it again" if owner._mode == "auto" else "each request tries again"
+        owner._probe.errors.once(
+            f"stream:{self._url}:{outcome.split(':')[0]}",
+            f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed, "
+            f"{then} ({ENV_STREAM}={owner._mode})",
+        )
+        return response
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        if self._ordinary is not None:
+            return await self._ordinary.__aexit__(*exc)
+        return False
+
+    async def _stream(self) -> Reassembled | str:
+        """The reassembled response, or why there is none."""
+        owner = self._owner
+        async with owner._session.post(self._url, json=streamed(self._payload), **self._kwargs) as response:
+            complete = False
+            try:
+                if not response.ok:
+                    return f"status {response.status}"
+                if "text/event-stream" not in response.headers.get("Content-Type", ""):
+                    return "a reply that is not a stream"
+                body = await self._read(response)
+                complete = True
+                return body
+            except Unassemblable as error:
+                return str(error)
+            finally:
+                # Closing, not releasing, drops the connection: the server aborts the generation.
+                if not complete:
+                    response.close()
+
+    async def _read(self, response: Any) -> Reassembled:
+        lines, whole = EventLines(), Reassembly(self._n_choices)
+        request, probe = self._owner._request, self._owner._probe
+        async for line in response.content:
+            for data in lines.feed(line):
+                for index, text in whole.add_event(data):
+                    probe.partial(request, index, text)
+                if request.group.tripped:
+                    # Its group tripped (perhaps on this very text): end it as a trip ends the others.
+                    request.cancelled_by_probe = True
+                    raise asyncio.CancelledError
+            if whole.done:
+                break
+        for data in lines.flush():
+            whole.add_event(data)
+        return Reassembled(whole.response())

@@ -1,0 +1,211 @@
+"""The reassembly of streamed responses (probe/runtime/stream.py), pure: for any response a
+server could send, streaming it as vLLM does and reassembling gives the same dict; anything
+that cannot be reassembled with certainty is refused, never guessed."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+REASONS = st.sampled_from(["stop", "length", "repetition", "abort"])
+USAGE = st.fixed_dictionaries({"prompt_tokens": st.integers(0, 99), "completion_tokens": st.integers(0, 99)})
+
+
+@st.composite
+def responses(draw: st.DrawFn) -> dict[str, Any]:
+    """A response as vLLM sends it unstreamed (the fields a stream also carries)."""
+    chat = draw(st.booleans())
+    n = 1 if chat else draw(st.integers(1, 4))
+    choices = []
+    for index in range(n):
+        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": draw(REASONS)}
+        if draw(st.booleans()):
+            choice["stop_reason"] = draw(st.none() | st.integers(0, 9) | st.text(max_size=3))
+        if chat:
+            message: dict[str, Any] = {"role": "assistant"}
+            reasoning = draw(st.sampled_from([None, "reasoning_content", "reasoning"]))
+            thinking = draw(TEXT) if reasoning else ""
+            if reasoning:
+                message[reasoning] = thinking
+            content = draw(TEXT)
+            # vLLM's rule: empty content after reasoning is None, and "" otherwise.
+            message["content"] = None if not content and thinking else content
+            choice["message"] = message
+        else:
+            choice["text"] = draw(TEXT)
+        choices.append(choice)
+    kind = "chat.completion" if chat else "text_completion"
+    return {"id": draw(st.text(max_size=8)), "object": kind, "created": draw(st.integers(0, 2**31)),
+            "model": "m", "choices": choices, "usage": draw(USAGE)}  # fmt: skip
+
+
+def pieces(draw: st.DrawFn, text: str) -> list[str]:
+    """``text`` split at arbitrary points (empty pieces included, as servers send them)."""
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def server_chunks(draw: st.DrawFn, response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunks a vLLM-like server streams for ``response``, choices interleaved at random."""
+    chat = response["object"] == "chat.completion"
+    head = {"id": response["id"], "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": response["created"], "model": response["model"]}  # fmt: skip
+    queues: list[list[dict[str, Any]]] = []
+    for choice in response["choices"]:
+        index, queue = choice["index"], []
+        extra = {name: None for name in ("stop_reason",) if name in choice}
+        if chat:
+            message = choice["message"]
+            queue.append({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
+            for name in [n for n in ("reasoning_content", "reasoning", "content") if n in message]:
+                for piece in pieces(draw, message.get(name) or ""):
+                    queue.append({"index": index, "delta": {name: piece}, "finish_reason": None, **extra})
+        else:
+            for piece in pieces(draw, choice["text"]):
+                queue.append({"index": index, "text": piece, "finish_reason": None, **extra})
+        ending = {k: choice[k] for k in ("logprobs", "finish_reason", "stop_reason") if k in choice}
+        queue.append({"index": index, **({"delta": {}} if chat else {"text": ""}), **ending})
+        queues.append(queue)
+    chunks = []
+    while any(queues):
+        queue = draw(st.sampled_from([q for q in queues if q]))
+        chunks.append({**head, "choices": [queue.pop(0)]})
+    chunks.append({**head, "choices": [], "usage": response["usage"]})
+    return chunks
+
+
+def reassemble(lines: list[str], n: int) -> tuple[dict[str, Any], dict[int, str]]:
+    events, whole, seen = EventLines(), Reassembly(n), {}
+    for line in lines:
+        for data in events.feed(line):
+            for index, text in whole.add_event(data):
+                seen[index] = seen.get(index, "") + text
+    for data in events.flush():
+        whole.add_event(data)
+    return whole.response(), seen
+
+
+def sse(chunks: list[Any], done: bool = True) -> list[str]:
+    lines = []
+    for chunk in chunks:
+        lines += [f"data: {json.dumps(chunk)}\n", "\n"]
+    return lines + (["data: [DONE]\n", "\n"] if done else [])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_any_response_streamed_as_the_server_would_reassembles_into_itself(data: st.DataObject) -> None:
+    response = data.draw(responses())
+    chunks = server_chunks(data.draw, response)
+    rebuilt, seen = reassemble(sse(chunks), len(response["choices"]))
+    assert rebuilt == response
+    # The probe saw, per choice, exactly the text the choice holds, in order.
+    for choice in response["choices"]:
+        message = choice.get("message", {})
+        fields = ("reasoning_content", "reasoning", "content")
+        full = choice.get("text") or "".join(message.get(k) or "" for k in fields)
+        assert seen.get(choice["index"], "") == full
+
+
+def _healthy() -> list[dict[str, Any]]:
+    head = {"id": "x", "object": "text_completion", "model": "m"}
+    return [{**head, "choices": [{"index": 0, "text": "hi", "finish_reason": None}]},
+            {**head, "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+            {**head, "choices": [], "usage": {"completion_tokens": 1}}]  # fmt: skip
+
+
+def test_a_plain_stream_reassembles() -> None:
+    rebuilt, _ = reassemble(sse(_healthy()), 1)
+    assert rebuilt["choices"] == [{"index": 0, "text": "hi", "finish_reason": "stop"}]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda c: c[:2], "no usage"),
+        (lambda c: [c[0], {"error": {"message": "boom"}}, *c[1:]], "error event"),
+        (lambda c: [c[0], *c[2:]], "never ended"),
+        (lambda c: [{**c[0], "choices": [{**c[0]["choices"][0], "logprobs": {"x": 1}}]}, *c[1:]], "logprobs"),
+        (lambda c: [{**c[0], "choices": [{**c[0]["choices"][0], "surprise": 1}]}, *c[1:]], "unknown field"),
+        (lambda c: [{**c[0], "surprise": [1]}, *c[1:]], "unknown top field"),
+        (lambda c: [{**c[0], "choices": [{**c[0]["choices"][0], "index": 1}]}, *c[1:]], "index out of range"),
+        (lambda c: [{**c[0], "object": "something.else"}, *c[1:]], "unknown kind"),
+        (lambda c: [{**c[0], "choices": [{**c[0]["choices"][0], "text": 5}]}, *c[1:]], "text not text"),
+        (lambda c: ["not an object", *c], "not an object"),
+    ],
+)
+def test_what_cannot_be_reassembled_with_certainty_is_refused(change: Any, reason: str) -> None:
+    with pytest.raises(Unassemblable):
+        reassemble(sse(change(_healthy())), 1)
+
+
+def test_a_tool_call_in_a_chat_delta_is_refused() -> None:
+    head = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    chunk = {**head, "choices": [{"index": 0, "delta": {"tool_calls": [{"id": "t"}]}, "finish_reason": "stop"}]}
+    with pytest.raises(Unassemblable):
+        reassemble(sse([chunk, {**head, "choices": [], "usage": {}}]), 1)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ['{"id": 1}\n'],  # JSON, not SSE
+        ["event: error\n", "data: {}\n", "\n"],
+        ["data: not json\n", "\n"],
+        [*sse(_healthy(), done=False)],  # the body ended before [DONE]
+        [*sse(_healthy()), "data: {}\n", "\n"],  # an event after [DONE]
+    ],
+)
+def test_a_body_that_is_not_a_complete_event_stream_is_refused(lines: list[str]) -> None:
+    with pytest.raises(Unassemblable):
+        reassemble(lines, 1)
+
+
+def test_comments_crlf_bytes_and_a_missing_final_blank_line_are_read() -> None:
+    lines = [b": keep-alive\r\n", *[line.encode().replace(b"\n", b"\r\n") for line in sse(_healthy())][:-1]]
+    events, whole = EventLines(), Reassembly(1)
+    for line in lines:
+        for data in events.feed(line):
+            whole.add_event(data)
+    for data in events.flush():
+        whole.add_event(data)
+    assert whole.response()["choices"][0]["text"] == "hi"
+
+
+@pytest.mark.parametrize(
+    ("payload", "n"),
+    [
+        ({"prompt": "a", "max_tokens": 9}, 1),
+        ({"prompt": ["a", "b", "c"], "max_tokens": 9}, 3),
+        ({"prompt": [[1, 2], [3]], "max_tokens": 9}, 2),
+        ({"prompt": [1, 2, 3], "max_tokens": 9}, 1),
+        ({"messages": [{"role": "user", "content": "a"}], "max_tokens": 9}, 1),
+        ({"prompt": "a", "n": 1}, 1),
+        ({"prompt": "a", "logprobs": 1}, None),
+        ({"prompt": "a", "echo": True}, None),
+        ({"messages": [], "top_logprobs": 2}, None),
+        ({"prompt": "a", "n": 2}, None),
+        ({"prompt": "a", "best_of": 3}, None),
+        ({"prompt": "a", "stream": False}, None),
+        ({"prompt": []}, None),
+        ({"prompt": None}, None),
+        ([], None),
+    ],
+)
+def test_only_payloads_with_one_plain_choice_per_prompt_are_streamed(payload: Any, n: int | None) -> None:
+    assert streamable(payload) == n
+
+
+def test_a_streamed_payload_asks_for_usage_and_leaves_the_original_alone() -> None:
+    payload = {"prompt": "a", "max_tokens": 9}
+    assert streamed(payload) == {**payload, "stream": True, "stream_options": {"include_usage": True}}
+    assert payload == {"prompt": "a", "max_tokens": 9}

@@ -1,0 +1,155 @@
+"""Streamed evidence on lm-eval's async path, against the simulated server: the answers are
+those of unprobed runs, what cannot be streamed falls back to one ordinary request, the knob
+decides, and a trip closes the streams in flight so that the server stops generating."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed
+from support.resultfiles import written_by_lm_eval
+
+from probe.demo.localtask import offline_env, task_name
+from probe.runtime import contract, install, state
+from probe.runtime.contract import ENV_STREAM
+
+
+def _responses(output: Path) -> list[list]:
+    (samples,) = written_by_lm_eval(output, f"samples_{task_name()}_*.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    return [row["resps"] for row in sorted(rows, key=lambda r: (r["doc_id"], r.get("filter", "")))]
+
+
+def _lm_eval(site: Path | None, server, task, output: Path, endpoint: str, batch: int) -> list[list]:
+    command = task.lm_eval_command(
+        server.base_url, "sim", output, 16384, 8, "--log_samples", "--batch_size", str(batch)
+    )
+    if endpoint == "chat":
+        at = command.index("local-completions")
+        command[at] = "local-chat-completions"
+        command[at + 2] = command[at + 2].replace("/v1/completions", "/v1/chat/completions")
+        command.append("--apply_chat_template")
+    env = offline_env(site, RESULT_DIR=str(output))
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "could not be reassembled" not in run.stderr
+    return _responses(output)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("endpoint", "options", "batch"),
+    [
+        ("completions", {"lengths": "lognormal"}, 4),  # several prompts per request: choices by index
+        # Reasoning deltas first, then the answer (the other field name: the test below).
+        ("chat", {"lengths": "reasoning", "reasoning_field": "reasoning_content"}, 1),
+    ],
+)
+def test_probed_streamed_and_unprobed_runs_log_the_same_responses(
+    sim, site_dir, local_task, tmp_path, endpoint, options, batch
+) -> None:
+    server = sim("healthy", **options)
+    plain = _lm_eval(None, server, local_task, tmp_path / "plain", endpoint, batch)
+    assert server.snapshot()["streamed"] == 0
+    probed = _lm_eval(site_dir, server, local_task, tmp_path / "probed", endpoint, batch)
+    stats = server.snapshot()
+    assert stats["streamed"] == stats["generate_requests"] / 2 > 0  # every probed request streamed
+    assert probed == plain and len(plain) == 40
+
+
+@pytest.mark.parametrize("mode", ["healthy", "empty"])
+def test_streamed_chat_answers_are_the_unprobed_ones_with_null_content_too(sim, result_dir, mode) -> None:
+    # "empty": content null, which 0.4.12+ turns into its placeholder: the same either way.
+    server = sim(mode, lengths="reasoning", reasoning_field="reasoning")
+    plain = generate(chat(server.base_url), 6, chat_format=True)
+    with probe_installed():
+        probed = generate(chat(server.base_url), 6, chat_format=True)
+    assert probed == plain and server.snapshot()["streamed"] == 6
+
+
+QUIRKS = ["refuse", "no_usage", "error_event", "unknown_field", "json"]
+
+
+@pytest.mark.parametrize("quirk", QUIRKS)
+@pytest.mark.parametrize("knob", ["auto", "on"])
+def test_what_cannot_be_streamed_falls_back_to_one_ordinary_request(
+    sim, result_dir, monkeypatch, capsys, quirk, knob
+) -> None:
+    monkeypatch.setenv(ENV_STREAM, knob)
+    server = sim("healthy", stream_quirk=quirk)
+    plain = generate(completions(server.base_url, num_concurrent=2, batch_size=2), 12)
+    before = server.snapshot()
+    with probe_installed():
+        probed = generate(completions(server.base_url, num_concurrent=2, batch_size=2), 12)
+    stats = server.snapshot()
+    assert probed == plain
+    attempts = stats["generate_requests"] - before["generate_requests"] - 6  # beyond one per request
+    if knob == "on":
+        assert attempts == (0 if quirk == "refuse" else 6)  # a refusal is answered before generating
+    else:
+        # auto: the server is not streamed again after its first fallback (two were in flight).
+        assert attempts <= (0 if quirk == "refuse" else 2)
+    assert capsys.readouterr().err.count("could not be reassembled") == 1
+
+
+def test_with_the_knob_off_nothing_is_streamed(sim, result_dir, monkeypatch) -> None:
+    monkeypatch.setenv(ENV_STREAM, "off")
+    server = sim("healthy")
+    with probe_installed():
+        generate(completions(server.base_url, num_concurrent=4), 8)
+    assert server.snapshot()["streamed"] == 0 and server.snapshot()["generate_requests"] == 8
+
+
+def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim, result_dir, monkeypatch) -> None:
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "2")
+    monkeypatch.setenv(contract.ENV_SLOW_START, "off")  # a whole wave in flight at the trip
+    server = sim("loop_short", seconds_per_token=0.0005, jitter=2.0)  # 1 s to 3 s each
+    assert install.install()
+    try:
+        answers = generate(completions(server.base_url, num_concurrent=8), 40)
+        state.ACTIVE.finalise()
+    finally:
+        install.uninstall()
+    returned = time.monotonic()
+    while server.snapshot()["in_flight"] and time.monotonic() - returned < 5:
+        time.sleep(0.01)
+    stats = server.snapshot()
+    sidecar = json.loads((result_dir / contract.SIDECAR_NAME).read_text())
+    assert stats["streamed"] == stats["generate_requests"] <= 8 + 2
+    # Nothing is generating any more, and each request the probe closed was aborted there.
+    assert stats["in_flight"] == 0
+    assert stats["aborted"] == stats["generate_requests"] <= sidecar["final"]["cancelled_in_flight"]
+    assert stats["tokens_generated"] < stats["generate_requests"] * 2048
+    # The loop detector sees the cycle as it streams: the trip comes before any generation
+    # ends, and every request in flight is closed mid-generation.
+    assert sidecar["verdict"]["cause"] == contract.REPETITION
+    assert sum(1 for a in answers if a) == stats["completed"] == 0
+
+
+def _never_stopping_run(sim, result_dir, mode: str) -> tuple[dict, dict]:
+    server = sim(mode, seconds_per_token=0.0002)  # 0.8 s for a generation of 4,096 tokens
+    with probe_installed() as probe:
+        generate(completions(server.base_url, num_concurrent=16), 40, {**GEN_KWARGS, "max_tokens": 4096})
+        probe.finalise()
+    return server.snapshot(), json.loads((result_dir / contract.SIDECAR_NAME).read_text())
+
+
+@pytest.mark.parametrize("mode", ["loop_short", "loop_paragraph", "loop_near"])
+def test_a_looping_model_trips_on_repetition_before_any_generation_reaches_the_cap(sim, result_dir, mode) -> None:
+    stats, sidecar = _never_stopping_run(sim, result_dir, mode)
+    assert sidecar["verdict"]["cause"] == contract.REPETITION
+    assert sidecar["verdict"]["flagged"] == sidecar["verdict"]["pathological"] == 16
+    assert stats["completed"] == 0  # no generation ran to its end: each was closed mid-stream
+    assert stats["aborted"] == stats["generate_requests"] == 16
+    assert stats["tokens_generated"] < 16 * 4096 / 2
+
+
+def test_random_text_never_loops_and_trips_by_the_cap_rule(sim, result_dir) -> None:
+    stats, sidecar = _never_stopping_run(sim, result_dir, "random")
+    assert sidecar["verdict"]["cause"] == contract.OUTPUT_CAP
+    assert sidecar["verdict"]["flagged"] == 0
+    assert stats["completed"] == stats["generate_requests"] == 16
