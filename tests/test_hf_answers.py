@@ -14,7 +14,7 @@ import random
 from typing import Any
 
 import pytest
-from support.hf import tiny_llama
+from support.hf import echo_hflm, hf_requests
 
 from probe.runtime import contract, install, state
 from probe.runtime.answers import ShortCircuitAnswer
@@ -26,20 +26,11 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def echo_lm(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from lm_eval.models.huggingface import HFLM
-
-    model = tiny_llama(tmp_path_factory.mktemp("models") / "echo", "echo")
-    return HFLM(pretrained=str(model), device="cpu", dtype="float32", batch_size=1)
+    return echo_hflm(tmp_path_factory.mktemp("models") / "echo")
 
 
 def requests(prompts: list[str]) -> list[Any]:
-    from lm_eval.api.instance import Instance
-
-    gen_kwargs = {"until": ["Question:"], "max_gen_toks": MAX_TOKENS, "temperature": 0}
-    return [
-        Instance("generate_until", {}, (prompt, gen_kwargs), i, metadata=("probe_prompts", i, 1))
-        for i, prompt in enumerate(prompts)
-    ]
+    return hf_requests(prompts, max_gen_toks=MAX_TOKENS)
 
 
 def case(rng: random.Random) -> tuple[list[str], int, int]:

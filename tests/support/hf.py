@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +130,19 @@ def evaluate_hf(
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return run, json.loads(counts.read_text())
+
+
+def hf_requests(prompts: list[str], task: str = "probe_prompts", **gen_kwargs: Any) -> list[Any]:
+    """lm-eval's generate requests for ``prompts`` of ``task``, stopping at "Question:" (more
+    settings in ``gen_kwargs``)."""
+    from lm_eval.api.instance import Instance
+
+    settings = {"until": ["Question:"], "temperature": 0, **gen_kwargs}
+    return [Instance("generate_until", {}, (p, settings), i, metadata=(task, i, 1)) for i, p in enumerate(prompts)]
+
+
+def echo_hflm(directory: Path) -> Any:
+    """lm-eval's ``HFLM`` on CPU over the echo tiny Llama built into ``directory``."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(tiny_llama(directory, "echo")), device="cpu", dtype="float32", batch_size=1)
