@@ -6,6 +6,9 @@ builds lm-eval's stop-sequence criteria (``stop_sequences_criteria``) and runs
 ``model.generate``; then every row of the result is decoded and cut at its stop sequences by
 ``postprocess_generated_text``, once per row, in order. The probe works at those points:
 
+- ``generate_until`` runs with lm-eval's ``Collator`` sorting by a seeded hash of each prompt
+  (``order``) instead of longest first, so the rows observed first are a uniform sample of
+  the group; ``Collator`` puts the answers back in lm-eval's order;
 - ``tok_batch_encode`` tells which prompts (so which tasks and group) the next batch holds;
 - a stopping criterion of the probe's own (:class:`Watch`), put after lm-eval's, looks at
   every decoding step: a row ends when it emits EOS or lm-eval's criteria see its stop
@@ -32,6 +35,7 @@ from probe.runtime import state
 from probe.runtime.answers import BLANK
 from probe.runtime.groups import Group, Request, group_key
 from probe.runtime.integration import Integration
+from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, restore_where, wrap
 from probe.runtime.versions import LM_EVAL
 from probe.runtime.vllm_offline import OfflineModel
@@ -159,7 +163,7 @@ _PLAN: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("lm_eval_pro
 _WATCH: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("lm_eval_probe_hf_watch", default=None)
 
 
-def _probed_generate_until(original: Callable) -> Callable:
+def _probed_generate_until(original: Callable, huggingface: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         plan = None
         probe = state.active()
@@ -170,9 +174,10 @@ def _probed_generate_until(original: Callable) -> Callable:
                 probe.errors.report("hf generate_until", error)
         token = _PLAN.set(plan)
         try:
-            # Batches keep lm-eval's longest-first order (no padding cost): the rule judges the
-            # longest prompts first here, a known gap of this backend (README, "--model hf").
-            return original(self, requests, *args, **kwargs)
+            # The seeded order makes the rows observed first a uniform sample; it costs padding
+            # (a batch pads to its longest prompt), measured in benchmarks/bench_hf.py.
+            with sampled_order(plan.probe.gates.sampling.seed if plan else None, huggingface):
+                return original(self, requests, *args, **kwargs)
         finally:
             _PLAN.reset(token)
 
@@ -370,8 +375,9 @@ def install_hf(huggingface: Any) -> None:
         and callable(getattr(huggingface, "stop_sequences_criteria", None))
     ):
         raise LookupError("lm-eval's HFLM class is not as this probe knows it (tested with lm-eval 0.4.9.2)")
+    install_order(huggingface)
     for name, make in (
-        ("generate_until", _probed_generate_until),
+        ("generate_until", partial(_probed_generate_until, huggingface=huggingface)),
         ("tok_batch_encode", _recording_tok_batch_encode),
         ("_model_generate", _probed_model_generate),
     ):

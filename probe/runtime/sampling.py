@@ -38,4 +38,6 @@ class Sampling:
             "share a request), and the gate releases parked calls in an order drawn from the seed",
             "sync": "lm-eval's longest-first order is replaced by a seeded hash of each prompt",
             "vllm": "lm-eval's longest-first order is replaced by a seeded hash of each prompt",
+            "hf": "lm-eval's longest-first order is replaced by a seeded hash of each prompt (which prompts "
+            "share a batch)",
         }

@@ -146,3 +146,19 @@ def echo_hflm(directory: Path) -> Any:
     from lm_eval.models.huggingface import HFLM
 
     return HFLM(pretrained=str(tiny_llama(directory, "echo")), device="cpu", dtype="float32", batch_size=1)
+
+
+def in_sampled_order(ends: str, body: str = "p") -> list[str]:
+    """Distinct prompts, the k-th ending with ``ends[k]``, that the probe generates in this
+    order: ``Collator`` sorts them by the seeded hash of each prompt (probe.runtime.order)."""
+    from probe.runtime.sampling import DEFAULT_SEED, rank
+
+    def key(prompt: str) -> int:
+        return rank(DEFAULT_SEED, repr(prompt))
+
+    candidates = range(50 * len(ends))
+    pools = {end: sorted((f"{body * (1 + n % 7)}{n}{end}" for n in candidates), key=key) for end in set(ends)}
+    chosen: list[str] = []
+    for end in ends:  # the first in its pool that comes after the prompt before it
+        chosen.append(next(p for p in pools[end] if not chosen or key(p) > key(chosen[-1])))
+    return chosen
