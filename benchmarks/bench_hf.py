@@ -8,9 +8,9 @@ every decoding step of every batch to the end and so measures what watching cost
 the rows of each batch, and the padding in the prompts of each batch. For each run: tokens,
 padding, wall time from start to exit; for the tripping run also the trip time (from the
 first generate request), the start-up before it, and the blank answers. The probed runs
-generate in the probe's seeded order (a batch pads to its longest prompt), the unprobed one
-in lm-eval's longest-first order: the watching run against the unprobed one is what the
-order and the watching cost together.
+generate lm-eval's own batches in the probe's seeded order of whole batches, the unprobed one
+in lm-eval's longest-first order: the padding of the watching run should equal the unprobed
+run's, and its wall time against the unprobed one is what the order and the watching cost.
 
     .venv-lm-eval-0.4.9.2/bin/python benchmarks/bench_hf.py --n 64 --max-tokens 128   # defaults: N=200, M=256, batch 8
 

@@ -14,7 +14,7 @@ import random
 from typing import Any
 
 import pytest
-from support.hf import echo_hflm, hf_requests, in_sampled_order
+from support.hf import echo_hflm, hf_requests, in_batch_order
 
 from probe.runtime import contract, install, state
 from probe.runtime.answers import ShortCircuitAnswer
@@ -36,8 +36,8 @@ def requests(prompts: list[str]) -> list[Any]:
 def case(rng: random.Random) -> tuple[list[str], int, int]:
     """Prompts in a shuffled order, a batch size and MIN_SAMPLES.
 
-    The probe generates them in the order of their seeded hash, so they are made to come in
-    the order drawn (``in_sampled_order``), and shuffled for lm-eval. A share of them stops at
+    The probe runs lm-eval's batches in a seeded order, so they are made to come in the order
+    drawn (``in_batch_order``), and shuffled for lm-eval. A share of them stops at
     once; a stop that brings MIN_SAMPLES observations after enough at the cap trips inside
     its batch."""
     batch, min_samples = rng.randint(1, 5), rng.randint(1, 6)
@@ -46,7 +46,7 @@ def case(rng: random.Random) -> tuple[list[str], int, int]:
     if rng.random() < 0.4:  # whole batches at the cap, then a batch whose first row stops
         full = batch * -(-3 // batch)  # at least 3, so that the stop makes at least 3 of 4
         ends, min_samples = ["x"] * full + ["~"] + ends, full + 1
-    prompts = in_sampled_order("".join(ends))
+    prompts = in_batch_order("".join(ends), batch)
     rng.shuffle(prompts)
     return prompts, batch, min_samples
 

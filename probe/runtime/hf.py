@@ -6,9 +6,10 @@ builds lm-eval's stop-sequence criteria (``stop_sequences_criteria``) and runs
 ``model.generate``; then every row of the result is decoded and cut at its stop sequences by
 ``postprocess_generated_text``, once per row, in order. The probe works at those points:
 
-- ``generate_until`` runs with lm-eval's ``Collator`` sorting by a seeded hash of each prompt
-  (``order``) instead of longest first, so the rows observed first are a uniform sample of
-  the group; ``Collator`` puts the answers back in lm-eval's order;
+- ``generate_until`` runs lm-eval's own batches (same members, same padding) in a seeded
+  order of whole batches (``order``, ``whole_batches``) instead of longest first, so the
+  batches observed first are a uniform sample of the group's batches; the answers go back in
+  lm-eval's order through its ``Collator``;
 - ``tok_batch_encode`` tells which prompts (so which tasks and group) the next batch holds;
 - a stopping criterion of the probe's own (:class:`Watch`), put after lm-eval's, looks at
   every decoding step: a row ends when it emits EOS or lm-eval's criteria see its stop
@@ -174,9 +175,10 @@ def _probed_generate_until(original: Callable, huggingface: Any = None) -> Calla
                 probe.errors.report("hf generate_until", error)
         token = _PLAN.set(plan)
         try:
-            # The seeded order makes the rows observed first a uniform sample; it costs padding
-            # (a batch pads to its longest prompt), measured in benchmarks/bench_hf.py.
-            with sampled_order(plan.probe.gates.sampling.seed if plan else None, huggingface):
+            # Whole batches in a seeded order: the batches observed first are a uniform sample,
+            # and every batch is lm-eval's, so no row's padding (nor, in bfloat16, its answer) changes.
+            seed = plan.probe.gates.sampling.seed if plan else None
+            with sampled_order(seed, huggingface, whole_batches=True):
                 return original(self, requests, *args, **kwargs)
         finally:
             _PLAN.reset(token)

@@ -148,17 +148,22 @@ def echo_hflm(directory: Path) -> Any:
     return HFLM(pretrained=str(tiny_llama(directory, "echo")), device="cpu", dtype="float32", batch_size=1)
 
 
-def in_sampled_order(ends: str, body: str = "p") -> list[str]:
+def in_batch_order(ends: str, batch: int, body: str = "p") -> list[str]:
     """Distinct prompts, the k-th ending with ``ends[k]``, that the probe generates in this
-    order: ``Collator`` sorts them by the seeded hash of each prompt (probe.runtime.order)."""
+    order with ``batch`` rows a batch: lm-eval sorts them longest first, so the k-th run of
+    ``batch`` (in falling lengths of its own) is one of its batches, and the probe runs its
+    batches in the order of their first prompts' seeded hash (probe.runtime.order.batch_order)."""
     from probe.runtime.sampling import DEFAULT_SEED, rank
 
     def key(prompt: str) -> int:
         return rank(DEFAULT_SEED, repr(prompt))
 
-    candidates = range(50 * len(ends))
-    pools = {end: sorted((f"{body * (1 + n % 7)}{n}{end}" for n in candidates), key=key) for end in set(ends)}
+    chunks = [ends[i : i + batch] for i in range(0, len(ends), batch)]
     chosen: list[str] = []
-    for end in ends:  # the first in its pool that comes after the prompt before it
-        chosen.append(next(p for p in pools[end] if not chosen or key(p) > key(chosen[-1])))
+    last = -1
+    for j, chunk in enumerate(chunks):  # chunk j: lengths below chunk j-1's, the last the shortest
+        top = (len(chunks) - j) * batch
+        first = min((f"{body * top}{n:03d}{chunk[0]}" for n in range(1000)), key=lambda p: (key(p) <= last, key(p)))
+        last = key(first)
+        chosen += [first] + [f"{body * (top - i)}000{end}" for i, end in enumerate(chunk[1:], 1)]
     return chosen
