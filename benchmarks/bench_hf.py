@@ -5,9 +5,12 @@ Three runs of ``python -m lm_eval --model hf`` on CPU, on the never-stopping tin
 with a rule that cannot fire (``MIN_SAMPLES`` above the number of documents), which watches
 every decoding step of every batch to the end and so measures what watching costs.
 ``scripts/lm_eval_hf_counted.py`` counts what transformers generated: decoding steps times
-the rows of each batch. For each run: tokens, wall time from start to exit; for the tripping
-run also the trip time (from the first generate request), the start-up before it, and the
-blank answers.
+the rows of each batch, and the padding in the prompts of each batch. For each run: tokens,
+padding, wall time from start to exit; for the tripping run also the trip time (from the
+first generate request), the start-up before it, and the blank answers. The probed runs
+generate lm-eval's own batches in the probe's seeded order of whole batches, the unprobed one
+in lm-eval's longest-first order: the padding of the watching run should equal the unprobed
+run's, and its wall time against the unprobed one is what the order and the watching cost.
 
     .venv-lm-eval-0.4.9.2/bin/python benchmarks/bench_hf.py --n 64 --max-tokens 128   # defaults: N=200, M=256, batch 8
 
@@ -91,11 +94,13 @@ def _report(r: dict[str, Any]) -> str:
     u, p, w = (r[label] for label in RUNS)
     return "\n".join([
         f"lm-eval --model hf: N={r['n']}, M={r['max_tokens']}, batch size {r['batch_size']}",
-        f"  unprobed: {u['generated_tokens']:,} tokens in {u['generate_calls']} batches, {u['wall_s']} s",
+        f"  unprobed: {u['generated_tokens']:,} tokens in {u['generate_calls']} batches, {u['wall_s']} s; "
+        f"padding {u['padding_positions']:,} of {u['prompt_positions']:,} prompt positions",
         f"  probed:   {p['generated_tokens']:,} tokens in {p['generate_calls']} batches, {p['wall_s']} s; trip "
         f"{p['trip_s']} s after the first generate request ({p['start_up_s']} s of start-up before it); "
         f"lm-eval exited {p['exit_after_trip_s']} s after the trip; blank answers: {p['blank_answers']}",
-        f"  watching, rule unable to fire: {w['generated_tokens']:,} tokens, {w['wall_s']} s, tripped: {w['tripped']}",
+        f"  watching, rule unable to fire: {w['generated_tokens']:,} tokens, {w['wall_s']} s, tripped: {w['tripped']}; "
+        f"padding {w['padding_positions']:,} of {w['prompt_positions']:,} prompt positions",
         f"  token saving: {1 - p['generated_tokens'] / u['generated_tokens']:.1%}; wall-time saving: "
         f"{1 - p['wall_s'] / u['wall_s']:.1%}; cost of watching every step: {w['wall_s'] / u['wall_s'] - 1:+.1%}",
     ])  # fmt: skip

@@ -8,7 +8,9 @@ ends, whatever its outcome, then exits with lm-eval's exit status:
 
     python scripts/lm_eval_hf_counted.py COUNTS.json -- --model hf --model_args ... --tasks ...
 
-``{"generate_calls": N, "batch_rows": R, "generated_tokens": T}``
+``{"generate_calls": N, "batch_rows": R, "generated_tokens": T, "prompt_positions": P,
+"padding_positions": D}``: P is rows times the batch's padded prompt width, D the padding in
+it (the attention mask's zeros), what a batch of prompts of unequal lengths costs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def main() -> None:
     sys.argv = ["lm_eval", *sys.argv[3:]]
     import transformers
 
-    counts = {"generate_calls": 0, "batch_rows": 0, "generated_tokens": 0}
+    names = ("generate_calls", "batch_rows", "generated_tokens", "prompt_positions", "padding_positions")
+    counts = dict.fromkeys(names, 0)
     original = transformers.GenerationMixin.generate
 
     def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -36,6 +39,10 @@ def main() -> None:
         counts["generate_calls"] += 1
         counts["batch_rows"] += output.shape[0]
         counts["generated_tokens"] += output.shape[0] * (output.shape[1] - prompt.shape[1])
+        counts["prompt_positions"] += prompt.shape[0] * prompt.shape[1]
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            counts["padding_positions"] += int((mask == 0).sum())
         return output
 
     transformers.GenerationMixin.generate = generate

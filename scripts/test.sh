@@ -34,7 +34,7 @@ inferencex_tests "$@"
 echo "== tests against the 0.4.9.2 release (the legacy command line, the eager model registry, --model hf)"
 .venv-lm-eval-0.4.9.2/bin/python -m pytest -m "not vllm and not release_independent and not inferencex" \
     -p no:cacheprovider tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py \
-    tests/test_task_evidence.py tests/test_hf.py tests/test_hf_answers.py "$@" || [ $? -eq 5 ]
+    tests/test_task_evidence.py tests/test_hf.py tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py "$@" || [ $? -eq 5 ]
 
 echo "== tests against lm-eval 0.4.12 (a static parse_generations, and null content as a cached placeholder)"
 .venv-lm-eval-0.4.12/bin/python -m pytest -m "not vllm and not release_independent and not inferencex and not hf" \

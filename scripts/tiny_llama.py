@@ -1,4 +1,4 @@
-"""Build a tiny Llama locally (no download) that vLLM can serve, in four variants.
+"""Build a tiny Llama locally (no download) that vLLM can serve, in five variants.
 
 - ``never_stop``: its output is one token, repeated forever; it never emits EOS or a
   stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``). Its
@@ -12,6 +12,8 @@
   " 7": a healthy model that is right when the answer is 7.
 - ``echo``: it repeats the last character of its prompt forever, except after ``~``, where
   it emits EOS at once: whether a generation ever stops depends on the prompt.
+- ``varied``: random weights, every one times 3, so its greedy text depends on the prompt
+  and, in bfloat16, on the numerics of its batch (which prompts share it, the padding).
 
 How: the final RMSNorm's weight is zero, so every logit is exactly 0 and greedy
 decoding picks token 0; the first two variants differ only in which string token 0 is. For
@@ -33,7 +35,7 @@ import json
 import string
 from pathlib import Path
 
-FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n", "echo": "~", "babble": "a"}
+FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n", "echo": "~", "babble": "a", "varied": "a"}
 BABBLE = set(string.ascii_lowercase + " ")  # what babble draws from: no stop sequence can form
 BANNED_LOGIT = 34.0  # the babble head's logit for every other token, below the allowed ones
 ECHO_STOP = "~"  # the echo variant's one character followed by EOS
@@ -88,6 +90,9 @@ def build(directory: Path, variant: str) -> Path:
             model.lm_head.weight[vocab["</s>"]] = 2 * embeddings[vocab[ECHO_STOP]]
         elif variant == "babble":
             _babble(model, [token in BABBLE for token in vocab])
+        elif variant == "varied":
+            for parameter in model.parameters():
+                parameter.mul_(3)  # sharper logits than the initialisation's: varied text
         else:
             model.model.norm.weight.zero_()  # every logit 0: greedy always picks token 0
     directory.mkdir(parents=True, exist_ok=True)

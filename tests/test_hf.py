@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.hf import evaluate_hf, tiny_llama, write_choice_task, write_prompts_task
+from support.hf import evaluate_hf, in_batch_order, tiny_llama, write_choice_task, write_prompts_task
 from support.procs import PYTHON
 from support.vllm import answers
 
@@ -93,6 +93,7 @@ def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, tasks, tmp
     assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
     assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
+    # The same generation, padding included: the probe reorders lm-eval's batches, not their rows.
     assert probed == unprobed
     task = evidence_of(tmp_path / "probed")["tasks"][generate.name]
     assert task["observations"] == DOCS and task["finish_reasons"] == {"stop": DOCS} and task["cut_off"] == 0
@@ -100,11 +101,11 @@ def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, tasks, tmp
 
 def test_a_trip_inside_a_batch_ends_it_at_that_step(models, tmp_path) -> None:
     # The echo model repeats a prompt's last character: "x" forever, "~" is followed by EOS.
-    # lm-eval runs the longest prompts first, batch at a time: the first batch runs to the
-    # cap (4 observations, below MIN_SAMPLES=5); in the second, the "~" prompt stops at its
-    # first token, which makes 4 of 5 at the cap: the trip, at that step.
+    # The probe runs lm-eval's batches in a seeded order (the texts are made to come in it):
+    # the first batch runs to the cap (4 observations, below MIN_SAMPLES=5); in the second, the
+    # "~" prompt stops at its first token, which makes 4 of 5 at the cap: the trip, at that step.
     batch = 4
-    texts = ["x" * (60 - i) for i in range(batch)] + ["~" * 50] + ["x" * (40 - i) for i in range(2 * batch - 1)]
+    texts = in_batch_order("x" * batch + "~" + "x" * (2 * batch - 1), batch)
     task = write_prompts_task(tmp_path / "task", texts)
     knobs = {**KNOBS, contract.ENV_MIN_SAMPLES: "5"}
     _, unprobed = evaluate_hf(models / "echo", [task.yaml], tmp_path / "plain", MAX_TOKENS, batch, False)

@@ -14,7 +14,7 @@ import random
 from typing import Any
 
 import pytest
-from support.hf import tiny_llama
+from support.hf import echo_hflm, hf_requests, in_batch_order
 
 from probe.runtime import contract, install, state
 from probe.runtime.answers import ShortCircuitAnswer
@@ -26,35 +26,27 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def echo_lm(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from lm_eval.models.huggingface import HFLM
-
-    model = tiny_llama(tmp_path_factory.mktemp("models") / "echo", "echo")
-    return HFLM(pretrained=str(model), device="cpu", dtype="float32", batch_size=1)
+    return echo_hflm(tmp_path_factory.mktemp("models") / "echo")
 
 
 def requests(prompts: list[str]) -> list[Any]:
-    from lm_eval.api.instance import Instance
-
-    gen_kwargs = {"until": ["Question:"], "max_gen_toks": MAX_TOKENS, "temperature": 0}
-    return [
-        Instance("generate_until", {}, (prompt, gen_kwargs), i, metadata=("probe_prompts", i, 1))
-        for i, prompt in enumerate(prompts)
-    ]
+    return hf_requests(prompts, max_gen_toks=MAX_TOKENS)
 
 
 def case(rng: random.Random) -> tuple[list[str], int, int]:
     """Prompts in a shuffled order, a batch size and MIN_SAMPLES.
 
-    lm-eval generates the longest prompts first, so the prompts get distinct lengths in the
-    order drawn: the order they are generated in. A share of them stops at once; a stop that
-    brings MIN_SAMPLES observations after enough at the cap trips inside its batch."""
+    The probe runs lm-eval's batches in a seeded order, so they are made to come in the order
+    drawn (``in_batch_order``), and shuffled for lm-eval. A share of them stops at
+    once; a stop that brings MIN_SAMPLES observations after enough at the cap trips inside
+    its batch."""
     batch, min_samples = rng.randint(1, 5), rng.randint(1, 6)
     stops = rng.choice((0.0, 0.15, 0.3, 0.6, 1.0))  # the share of prompts that stop at once
     ends = ["~" if rng.random() < stops else "x" for _ in range(rng.randint(1, 16))]
     if rng.random() < 0.4:  # whole batches at the cap, then a batch whose first row stops
         full = batch * -(-3 // batch)  # at least 3, so that the stop makes at least 3 of 4
         ends, min_samples = ["x"] * full + ["~"] + ends, full + 1
-    prompts = ["p" * (len(ends) - i) + end for i, end in enumerate(ends)]
+    prompts = in_batch_order("".join(ends), batch)
     rng.shuffle(prompts)
     return prompts, batch, min_samples
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from lm_eval.models.utils import Collator
 
-from probe.runtime.order import sampled_collator, sampled_order
+from probe.runtime.order import batch_order, sampled_collator, sampled_order
 
 SAMPLED = sampled_collator(Collator)
 KWARGS = {"max_tokens": 2048}
@@ -119,3 +120,37 @@ def test_copies_of_one_prompt_are_spread_over_the_order_not_sent_together() -> N
     assert len({prompt for prompt, _ in sent[:16]}) >= 6
     assert sorted(sent) == sorted(requests)
     assert answers == [f"answer to {r[0]}" for r in requests]
+
+
+def _run_whole_batches(requests: list, seed: int, n: int, sampled: Any = SAMPLED) -> tuple[list, list, list]:
+    """(lm-eval's batches, the batches run in a whole-batches block, the answers put back)."""
+    made = list(Collator(requests, sort_fn=lambda r: -len(r[0]), group_by="gen_kwargs").get_batched(n=n))
+    with sampled_order(seed, whole_batches=True):
+        collator = sampled(requests, sort_fn=lambda r: -len(r[0]), group_by="gen_kwargs")
+    ran = list(collator.get_batched(n=n))
+    return made, ran, collator.get_original([f"answer to {r[0]}" for batch in ran for r in batch])
+
+
+# lm-eval's Collator, and a pipeline's function in its place (wrapped, not subclassed).
+@pytest.mark.parametrize("sampled", [SAMPLED, sampled_collator(lambda *args, **kwargs: Collator(*args, **kwargs))])
+def test_whole_batches_are_lm_evals_own_in_a_seeded_order_and_answers_stay_in_place(sampled: Any) -> None:
+    requests = [(f"prompt {'.' * i}", KWARGS if i % 3 else {"max_tokens": 9}) for i in range(30)]  # two groups
+    made, ran, answers = _run_whole_batches(requests, 7, 4, sampled)
+    assert sorted(ran) == sorted(made) and ran != made  # the same batches, member for member
+    assert ran == [made[b] for b in batch_order(7, made)]
+    assert answers == [f"answer to {r[0]}" for r in requests]
+    # One request a batch: the order that sorting by the seeded hash gives (within a group).
+    one_group = _requests(30)
+    _, single, _ = _run_whole_batches(one_group, 7, 1)
+    assert [batch[0] for batch in single] == _sent(one_group, 7)[0]
+
+
+def test_the_first_whole_batch_is_uniform_over_lm_evals_batches_whatever_their_sizes() -> None:
+    """Over 600 seeds the batch run first is each of 6 (the last one short) about equally often."""
+    batches = [[f"b{b}r{r}" for r in range(5 if b < 5 else 1)] for b in range(6)]
+    counts = [0] * len(batches)
+    for seed in range(600):
+        order = batch_order(seed, batches)
+        assert sorted(order) == list(range(len(batches)))
+        counts[order[0]] += 1
+    assert sum((c - 100) ** 2 / 100 for c in counts) < 25  # chi2, 5 d.o.f.: P ~ 1e-4

@@ -6,10 +6,15 @@ builds lm-eval's stop-sequence criteria (``stop_sequences_criteria``) and runs
 ``model.generate``; then every row of the result is decoded and cut at its stop sequences by
 ``postprocess_generated_text``, once per row, in order. The probe works at those points:
 
+- ``generate_until`` runs lm-eval's own batches (same members, same padding) in a seeded
+  order of whole batches (``order``, ``whole_batches``) instead of longest first, so the
+  batches observed first are a uniform sample of the group's batches; the answers go back in
+  lm-eval's order through its ``Collator``;
 - ``tok_batch_encode`` tells which prompts (so which tasks and group) the next batch holds;
 - a stopping criterion of the probe's own (:class:`Watch`), put after lm-eval's, looks at
   every decoding step: a row ends when it emits EOS or lm-eval's criteria see its stop
-  sequence (a stop), or when it reaches its budget (``length``), and is observed at once;
+  sequence (a stop), or when it reaches its budget (``length``), and is observed at once; a
+  row that ``generate`` ended otherwise (``max_time``) is observed when it returns;
 - when its group trips, the criterion ends the batch at that step; every row that had not
   ended is answered blank, and the group's later batches are never generated.
 
@@ -24,12 +29,14 @@ import inspect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from probe.runtime import state
 from probe.runtime.answers import BLANK
 from probe.runtime.groups import Group, Request, group_key
 from probe.runtime.integration import Integration
+from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, restore_where, wrap
 from probe.runtime.versions import LM_EVAL
 from probe.runtime.vllm_offline import OfflineModel
@@ -44,7 +51,8 @@ class Plan:
     """One ``generate_until`` call: each prompt's settings and task, the batch being encoded,
     and which answers of the batch just generated are to be blank."""
 
-    rows: dict[int, tuple[Any, str | None]]  # id(prompt) -> (gen_kwargs, task)
+    probe: state.Probe  # the scope of the evaluation that called generate_until
+    rows: dict[int, tuple[Any, str | None] | None]  # id(prompt) -> (gen_kwargs, task); None: ambiguous
     encoding: list[Any] | None = None  # the prompts of the batch about to be generated
     blank: deque[bool] = field(default_factory=deque)  # one per row, consumed in order
 
@@ -55,15 +63,16 @@ class Watch:
     the batch at once when the group trips (the rows still running are answered blank)."""
 
     probe: state.Probe
-    lm: Any
     requests: list[Request]  # one per row
     start: int  # the prompt's width: generated tokens come after it
     budget: int
     eos: set[int]
-    stops: list[str]
+    answer: Callable[[list[int]], str]  # the answer lm-eval keeps from a row's generated tokens
+    end_reason: str = "length"  # how a row that generate ended without a stop ended
     criteria: list[Any] = field(default_factory=list)  # lm-eval's stop-sequence criteria
     open: list[int] = field(default_factory=list)
     blanked: set[int] = field(default_factory=set)
+    last: Any = None  # the sequences at the last step seen
     attached: bool = False
     broken: bool = False
 
@@ -109,6 +118,7 @@ class Watch:
                 "num_return_sequences); those generations are not observed",
             )
             return False
+        self.last = input_ids
         generated = input_ids.shape[1] - self.start
         last = input_ids[:, -1].tolist()
         for i in list(self.open):
@@ -126,9 +136,7 @@ class Watch:
 
     def _end(self, i: int, input_ids: Any, generated: int, reason: str) -> None:
         self.open.remove(i)
-        text = self.lm.tok_decode(input_ids[i, self.start :].tolist())
-        for stop in self.stops:  # the answer lm-eval keeps, for the evidence's empty answers
-            text = text.split(stop)[0]
+        text = self.answer(input_ids[i, self.start :].tolist())  # for the evidence's empty answers
         response = {
             "choices": [{"index": 0, "finish_reason": reason, "text": text}],
             "usage": {"completion_tokens": generated},
@@ -136,12 +144,17 @@ class Watch:
         self.probe.observe(self.requests[i], response)
 
     def close(self) -> list[bool]:
-        """After ``generate``: one flag per row, True for a row to answer blank."""
+        """After ``generate``: one flag per row, True for a row to answer blank. A row still
+        open was ended by a limit of ``generate``'s own (``max_time``, or a budget the probe
+        did not know): it did not stop, and is observed as ``end_reason``."""
         if not self.attached and not self.broken:
             self.probe.errors.once(
                 "hf unobserved",
                 "the probe's stopping criterion never joined a batch; lm-eval's Hugging Face backend runs unprobed",
             )
+        if self.attached and not self.broken and self.last is not None:
+            for i in list(self.open):
+                self._end(i, self.last, self.last.shape[1] - self.start, self.end_reason)
         return [i in self.blanked for i in range(len(self.requests))]
 
 
@@ -151,10 +164,10 @@ _PLAN: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("lm_eval_pro
 _WATCH: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("lm_eval_probe_hf_watch", default=None)
 
 
-def _probed_generate_until(original: Callable) -> Callable:
+def _probed_generate_until(original: Callable, huggingface: Any = None) -> Callable:
     def generate_until(self: Any, requests: Any, *args: Any, **kwargs: Any) -> Any:
         plan = None
-        probe = state.ACTIVE
+        probe = state.active()
         if probe is not None:
             try:
                 plan = _plan(probe, self, requests)
@@ -162,9 +175,11 @@ def _probed_generate_until(original: Callable) -> Callable:
                 probe.errors.report("hf generate_until", error)
         token = _PLAN.set(plan)
         try:
-            # Batches keep lm-eval's longest-first order (no padding cost): the rule judges the
-            # longest prompts first here, a known gap of this backend (README, "--model hf").
-            return original(self, requests, *args, **kwargs)
+            # Whole batches in a seeded order: the batches observed first are a uniform sample,
+            # and every batch is lm-eval's, so no row's padding (nor, in bfloat16, its answer) changes.
+            seed = plan.probe.gates.sampling.seed if plan else None
+            with sampled_order(seed, huggingface, whole_batches=True):
+                return original(self, requests, *args, **kwargs)
         finally:
             _PLAN.reset(token)
 
@@ -184,10 +199,14 @@ def _plan(probe: state.Probe, lm: Any, requests: Any) -> Plan | None:
         probe.errors.once("hf seq2seq", "encoder-decoder models on lm-eval's Hugging Face backend run unprobed")
         return None
     probe.register(requests)
-    rows: dict[int, tuple[Any, str | None]] = {}
+    rows: dict[int, tuple[Any, str | None] | None] = {}
     for instance in requests:
-        rows.setdefault(id(instance.args[0]), (instance.args[1], getattr(instance, "task_name", None)))
-    return Plan(rows)
+        # A batch names its prompts only, so one prompt object (an interned string) sent with
+        # two settings or by two tasks cannot be told apart: its batches run unprobed.
+        row = (instance.args[1], getattr(instance, "task_name", None))
+        key = id(instance.args[0])
+        rows[key] = row if rows.get(key, row) == row else None
+    return Plan(probe, rows)
 
 
 def _recording_tok_batch_encode(original: Callable) -> Callable:
@@ -202,7 +221,8 @@ def _recording_tok_batch_encode(original: Callable) -> Callable:
 
 def _probed_model_generate(original: Callable) -> Callable:
     def _model_generate(self: Any, context: Any, max_length: int, stop: list[str], **generation_kwargs: Any) -> Any:
-        plan, probe = _PLAN.get(), state.ACTIVE
+        plan = _PLAN.get()
+        probe = plan.probe if plan is not None else None
         watch = _watch(probe, plan, self, context, max_length, stop, generation_kwargs) if plan and probe else None
         if plan is None or probe is None or watch is None:
             return original(self, context, max_length, stop, **generation_kwargs)
@@ -234,8 +254,9 @@ def _watch(
             plan.blank.clear()
             probe.errors.once("hf answers", "lm-eval did not post-process every answer of a batch; not probed")
             return None
-        rows = [plan.rows.get(id(prompt)) for prompt in prompts or ()]
-        if not rows or len(rows) != context.shape[0] or None in rows:
+        found = [plan.rows.get(id(prompt)) for prompt in prompts or ()]
+        rows = [row for row in found if row is not None]
+        if not rows or len(found) != context.shape[0] or len(rows) != len(found):
             probe.errors.once(
                 "hf prompts",
                 f"cannot tell the prompts of a batch of {context.shape[0]}; lm-eval's Hugging Face backend "
@@ -246,16 +267,46 @@ def _watch(
             probe.errors.once("hf groups", "a batch mixes generation settings; it runs unprobed")
             return None
         start = context.shape[1]
-        budget = int(kwargs.get("max_new_tokens") or max_length - start)
+        budget = _budget(lm, kwargs, max_length, start)
         model = OfflineModel(_model_name(lm))
         requests = [
             probe.request(model, gen_kwargs, [prompt], budget, backend=BACKEND, tasks=[task])
             for prompt, (gen_kwargs, task) in zip(prompts, rows, strict=True)
         ]
-        return Watch(probe, lm, requests, start, budget, _eos_ids(lm, kwargs), list(stop or ()))
+        answer = partial(_kept_answer, lm, list(stop or ()))
+        end = "timeout" if kwargs.get("max_time") is not None else "length"
+        return Watch(probe, requests, start, budget, _eos_ids(lm, kwargs), answer, end)
     except Exception as error:
         probe.errors.report("hf _model_generate", error)
         return None
+
+
+def _budget(lm: Any, kwargs: dict, max_length: int, start: int) -> int:
+    """The new tokens ``generate`` allows each row: ``max_new_tokens`` takes precedence over
+    ``max_length`` there, the keyword's first, then the model's generation config's (a model
+    may ship one, and it then overrides lm-eval's ``max_gen_toks``)."""
+    config = getattr(getattr(lm, "model", None), "generation_config", None)
+    for value in (kwargs.get("max_new_tokens"), getattr(config, "max_new_tokens", None)):
+        if isinstance(value, int) and value > 0:
+            return value
+    return max_length - start
+
+
+def _kept_answer(lm: Any, stops: list[str], tokens: list[int]) -> str:
+    """The answer lm-eval keeps from a row's generated ``tokens``: after its end-of-thinking
+    token when it has one (HFLM's ``think_end_token``), cut at the stop sequences."""
+    think = getattr(lm, "think_end_token", None)
+    if isinstance(think, int) and think in tokens:
+        tokens = tokens[len(tokens) - tokens[::-1].index(think) :]
+    text = lm.tok_decode(tokens)
+    if isinstance(think, int):
+        text = text.lstrip()
+    for stop in stops:
+        if stop:
+            text = text.split(stop)[0]
+    if isinstance(think, str) and think:
+        text = text.split(think)[-1].lstrip()
+    return text
 
 
 def _model_name(lm: Any) -> str | None:
@@ -326,8 +377,9 @@ def install_hf(huggingface: Any) -> None:
         and callable(getattr(huggingface, "stop_sequences_criteria", None))
     ):
         raise LookupError("lm-eval's HFLM class is not as this probe knows it (tested with lm-eval 0.4.9.2)")
+    install_order(huggingface)
     for name, make in (
-        ("generate_until", _probed_generate_until),
+        ("generate_until", partial(_probed_generate_until, huggingface=huggingface)),
         ("tok_batch_encode", _recording_tok_batch_encode),
         ("_model_generate", _probed_model_generate),
     ):

@@ -9,30 +9,40 @@ observations would be the longest prompts', or blocks of alike ones. While
 patched module sorts by a seeded hash of each request's prompt instead
 (``sampling.rank``): a uniform random order, reproducible for a given seed. ``Collator``
 still puts the answers back in lm-eval's order, so no answer moves, and none changes.
+
+With ``whole_batches`` (lm-eval's Hugging Face backend, where which prompts share a batch
+decides their padding, and in bfloat16 their answers) the sort is left alone: lm-eval makes
+its batches as it always does, ``batch_fn`` and all, and they run in a seeded order of whole
+batches instead (:func:`batch_order`), their answers put back before ``get_original``.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from probe.runtime.log import say
 from probe.runtime.patching import MARKER, mark, wrap
 from probe.runtime.sampling import rank
 
-_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("lm_eval_probe_sampled_order", default=None)
+# (seed, whole batches) in a sampled_order block; None outside one.
+_SEED: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar(
+    "lm_eval_probe_sampled_order", default=None
+)
 
 
 @contextmanager
-def sampled_order(seed: int | None, module: Any = None) -> Iterator[None]:
-    """Collators made in the block sort by ``seed`` (None: as lm-eval says). With a seed,
-    ``module.Collator`` is patched first if it is not ours: a pipeline may have replaced it
-    after the probe installed, and its requests would go in lm-eval's order again."""
+def sampled_order(seed: int | None, module: Any = None, *, whole_batches: bool = False) -> Iterator[None]:
+    """Collators made in the block sort by ``seed`` (None: as lm-eval says), or with
+    ``whole_batches`` keep lm-eval's batches and run them in an order drawn from ``seed``.
+    With a seed, ``module.Collator`` is patched first if it is not ours: a pipeline may have
+    replaced it after the probe installed, and its requests would go in lm-eval's order again."""
     if seed is not None and module is not None:
         install_order(module)
-    token = _SEED.set(seed)
+    token = _SEED.set(None if seed is None else (seed, whole_batches))
     try:
         yield
     finally:
@@ -60,12 +70,69 @@ def _sample_sort(seed: int) -> Callable[[Any], int]:
     return key
 
 
-def _sorted_by_sample(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A ``Collator``'s arguments with its ``sort_fn`` (first after ``arr``) replaced, in the block."""
-    seed = _SEED.get()
-    if seed is None:
-        return args, kwargs
+def batch_order(seed: int, batches: Sequence[Sequence[Any]]) -> list[int]:
+    """The order to run ``batches`` in (their indices): by a seeded key of each batch's first
+    request, drawn independently of the batch's size, so a uniform random permutation of the
+    batches. With one request a batch it is the order that sorting by ``_sample_sort`` gives."""
     key = _sample_sort(seed)
+    keys = [key(batch[0]) if batch else 0 for batch in batches]
+    return sorted(range(len(batches)), key=keys.__getitem__)
+
+
+@dataclass
+class BatchOrder:
+    """One Collator's batches run in the seeded order, and its answers put back in lm-eval's."""
+
+    seed: int
+    positions: list[int] = field(default_factory=list)  # lm-eval's index of each request run, in the order run
+
+    def run(self, batches: Iterable[list]) -> Iterator[list]:
+        made = list(batches)  # lm-eval's batches, made in its own order (batch_fn sees that order)
+        try:
+            order = batch_order(self.seed, made)
+        except Exception as error:  # never break the run: lm-eval's order, said
+            say(f"cannot order lm-eval's batches ({error!r}); they run in lm-eval's order")
+            order = list(range(len(made)))
+        starts = [0]
+        for batch in made:
+            starts.append(starts[-1] + len(batch))
+        for b in order:
+            self.positions.extend(range(starts[b], starts[b + 1]))
+            yield made[b]
+
+    def restore(self, answers: list) -> list:
+        """``answers``, given in the order run, in the order lm-eval made its batches."""
+        if len(answers) != len(self.positions):  # not the batches run here: as they came
+            return answers
+        restored = list(answers)
+        for position, answer in zip(self.positions, answers, strict=True):
+            restored[position] = answer
+        return restored
+
+
+def _in_batch_order(collator: Any) -> Any:
+    """``collator``, made in a whole-batches block, running its batches in the seeded order.
+    ``get_original`` is replaced first: without the new ``get_batched`` it changes nothing."""
+    order = _SEED.get()
+    if order is None or not order[1]:
+        return collator
+    batches = BatchOrder(order[0])
+    get_batched, get_original = collator.get_batched, collator.get_original
+    try:
+        collator.get_original = lambda answers: get_original(batches.restore(answers))
+        collator.get_batched = lambda *args, **kwargs: batches.run(get_batched(*args, **kwargs))
+    except Exception as error:
+        say(f"cannot order the batches of {type(collator).__name__} ({error!r}); they run in lm-eval's order")
+    return collator
+
+
+def _sorted_by_sample(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A ``Collator``'s arguments with its ``sort_fn`` (first after ``arr``) replaced, in a
+    block that sorts (not one of whole batches)."""
+    order = _SEED.get()
+    if order is None or order[1]:
+        return args, kwargs
+    key = _sample_sort(order[0])
     if args:
         return (key, *args[1:]), kwargs
     return args, {**kwargs, "sort_fn": key}
@@ -78,7 +145,7 @@ def sampled_collator(original: Any) -> Any:
 
         def collator(arr: Any, *args: Any, **kwargs: Any) -> Any:
             args, kwargs = _sorted_by_sample(args, kwargs)
-            return original(arr, *args, **kwargs)
+            return _in_batch_order(original(arr, *args, **kwargs))
 
         return mark(collator, original)
 
@@ -86,6 +153,7 @@ def sampled_collator(original: Any) -> Any:
         def __init__(self, arr: Any, *args: Any, **kwargs: Any) -> None:
             args, kwargs = _sorted_by_sample(args, kwargs)
             super().__init__(arr, *args, **kwargs)
+            _in_batch_order(self)
 
     Collator.__qualname__ = Collator.__name__ = original.__name__
     Collator.__wrapped__ = original  # type: ignore[attr-defined]

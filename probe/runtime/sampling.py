@@ -4,7 +4,8 @@ lm-eval sends the requests of a group longest prompt first, and long prompts ten
 long answers, so the first observations in lm-eval's order are a biased sample. Every backend
 therefore puts its requests in an order of its own: every backend has lm-eval's own ordering
 replaced by a seeded hash of each prompt (``order``: what the sync API path and vLLM send
-first, and which prompts share a request), and the async API path also releases its calls
+first, and which prompts share a request; the Hugging Face backend keeps lm-eval's batches and
+runs them in a seeded order), and the async API path also releases its calls
 from its gate in a seeded random order (``gate``). For a given
 seed the order is reproducible; it does not depend on the order lm-eval used.
 """
@@ -38,4 +39,6 @@ class Sampling:
             "share a request), and the gate releases parked calls in an order drawn from the seed",
             "sync": "lm-eval's longest-first order is replaced by a seeded hash of each prompt",
             "vllm": "lm-eval's longest-first order is replaced by a seeded hash of each prompt",
+            "hf": "lm-eval's batches are kept as they are and run in a seeded order of whole batches (a cluster "
+            "sample of batches)",
         }

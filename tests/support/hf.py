@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +130,40 @@ def evaluate_hf(
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return run, json.loads(counts.read_text())
+
+
+def hf_requests(prompts: list[str], task: str = "probe_prompts", **gen_kwargs: Any) -> list[Any]:
+    """lm-eval's generate requests for ``prompts`` of ``task``, stopping at "Question:" (more
+    settings in ``gen_kwargs``)."""
+    from lm_eval.api.instance import Instance
+
+    settings = {"until": ["Question:"], "temperature": 0, **gen_kwargs}
+    return [Instance("generate_until", {}, (p, settings), i, metadata=(task, i, 1)) for i, p in enumerate(prompts)]
+
+
+def echo_hflm(directory: Path) -> Any:
+    """lm-eval's ``HFLM`` on CPU over the echo tiny Llama built into ``directory``."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(tiny_llama(directory, "echo")), device="cpu", dtype="float32", batch_size=1)
+
+
+def in_batch_order(ends: str, batch: int, body: str = "p") -> list[str]:
+    """Distinct prompts, the k-th ending with ``ends[k]``, that the probe generates in this
+    order with ``batch`` rows a batch: lm-eval sorts them longest first, so the k-th run of
+    ``batch`` (in falling lengths of its own) is one of its batches, and the probe runs its
+    batches in the order of their first prompts' seeded hash (probe.runtime.order.batch_order)."""
+    from probe.runtime.sampling import DEFAULT_SEED, rank
+
+    def key(prompt: str) -> int:
+        return rank(DEFAULT_SEED, repr(prompt))
+
+    chunks = [ends[i : i + batch] for i in range(0, len(ends), batch)]
+    chosen: list[str] = []
+    last = -1
+    for j, chunk in enumerate(chunks):  # chunk j: lengths below chunk j-1's, the last the shortest
+        top = (len(chunks) - j) * batch
+        first = min((f"{body * top}{n:03d}{chunk[0]}" for n in range(1000)), key=lambda p: (key(p) <= last, key(p)))
+        last = key(first)
+        chosen += [first] + [f"{body * (top - i)}000{end}" for i, end in enumerate(chunk[1:], 1)]
+    return chosen
