@@ -67,7 +67,10 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
     # token ids); the sync path passes the prompts themselves.
     keys = bound.get("cache_keys", extra.get("cache_keys"))
     prompts = [key[0] for key in keys] if isinstance(keys, list) and len(keys) == len(messages) else list(messages)
-    return probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs))
+    request = probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs))
+    request.source = messages
+    probe.resume(request)
+    return request
 
 
 def _begin(
@@ -137,6 +140,8 @@ async def _run_async(
             group.inflight.discard(inner)
         if request.cancelled_by_probe and (inner.cancelled() or inner.exception() is not None):
             return probe.blanks(request, cancelled=True)
+        if not inner.cancelled() and inner.exception() is not None:
+            probe.failed(request)  # lm-eval may retry it
         answers = inner.result()
         answered = True
         return answers
