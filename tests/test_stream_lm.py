@@ -164,7 +164,7 @@ def test_a_flagged_attempt_that_times_out_is_not_counted_again_by_its_retry(sim,
     lm = completions(server.base_url, num_concurrent=4, timeout=2)
     lm.max_retries = 3
     with probe_installed() as probe:
-        with pytest.raises(Exception):  # noqa: B017, PT011 - the retries run out: lm-eval's own error
+        with pytest.raises(Exception):  # noqa: B017 - the retries run out: lm-eval's own error
             generate(lm, 4, {**GEN_KWARGS, "max_tokens": 4096})
         probe.finalise()
     # Four generations were seen looping: four observations, not one per attempt.
