@@ -96,12 +96,14 @@ class _Choice:
         message: dict[str, Any] = {"role": self.role or "assistant"}
         content = self.joined("content")
         reasoning = any(self.joined(name) for name in REASONING_FIELDS)
-        # vLLM's reasoning parsers answer None for an empty answer after reasoning, while
-        # its stream opens every message with content "": so empty content is None there.
-        message["content"] = None if not content and reasoning else content
+        # Both streams open every message with content "". Unstreamed, SGLang (whose choices
+        # carry matched_stop) answers None for any empty field; vLLM's reasoning parsers answer
+        # None for an empty answer after reasoning, and "" otherwise.
+        sglang = "matched_stop" in self.fields
+        message["content"] = None if not content and (reasoning or sglang) else content
         for name in REASONING_FIELDS:
             if name in self.texts:
-                message[name] = self.joined(name)
+                message[name] = (self.joined(name) or None) if sglang else self.joined(name)
         return message
 
     def body(self) -> dict[str, Any]:
