@@ -240,3 +240,19 @@ def _sglang(deltas: list[dict[str, Any]], reason: str = "stop") -> list[str]:
 def test_an_sglang_stream_reassembles_into_sglangs_unstreamed_message(deltas, reason, message) -> None:
     rebuilt, _ = reassemble(_sglang(deltas, reason), 1)
     assert rebuilt["choices"][0]["message"] == message
+
+
+def test_a_line_that_is_not_utf8_is_refused_so_that_the_request_falls_back() -> None:
+    # A UnicodeDecodeError escaped the fallback: lm-eval retried the same stream until it crashed.
+    with pytest.raises(Unassemblable):
+        EventLines().feed(b'data: {"text": "4\xff2"}\n')
+
+
+def test_text_after_its_choice_ended_is_refused() -> None:
+    # Whether the unstreamed answer holds it is not certain: the ordinary request decides.
+    head = {"id": "x", "object": "text_completion", "model": "m"}
+    chunks = [{**head, "choices": [{"index": 0, "text": "4", "finish_reason": "stop"}]},
+              {**head, "choices": [{"index": 0, "text": "2", "finish_reason": None}]},
+              {**head, "choices": [], "usage": {"completion_tokens": 2}}]  # fmt: skip
+    with pytest.raises(Unassemblable):
+        reassemble(sse(chunks), 1)

@@ -48,7 +48,10 @@ class EventLines:
 
     def feed(self, line: bytes | str) -> list[str]:
         """The events that ``line`` completes (none, or the one it ends)."""
-        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+        except UnicodeDecodeError as error:
+            raise Unassemblable(f"a line that is not UTF-8: {line[:80]!r}") from error
         text = text.rstrip("\r\n")
         if not text:
             return self.flush()
@@ -172,6 +175,7 @@ class Reassembly:
             raise Unassemblable(f"a choice index out of range: {index!r}")
         chat = self._top["object"] == "chat.completion.chunk"
         choice = self._choices.setdefault(index, _Choice(index, chat))
+        ended = choice.fields.get("finish_reason") is not None  # by an earlier chunk
         new = ""
         for name, value in raw.items():
             if name == "index":
@@ -189,6 +193,8 @@ class Reassembly:
                 choice.fields.setdefault(name, None)
             elif value is not None:
                 raise Unassemblable(f"choice {index} carries an unknown field: {name}")
+        if ended and new:
+            raise Unassemblable(f"choice {index} has text after its end")
         return index, new
 
     @staticmethod
