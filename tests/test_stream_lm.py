@@ -170,3 +170,19 @@ def test_a_flagged_attempt_that_times_out_is_not_counted_again_by_its_retry(sim,
     # Four generations were seen looping: four observations, not one per attempt.
     assert not (result_dir / contract.SIDECAR_NAME).exists()
     assert server.snapshot()["generate_requests"] == 4 * 3
+
+
+@pytest.mark.parametrize(
+    ("knobs", "gen_kwargs"),
+    [
+        ({contract.ENV_DETECTOR: "off"}, GEN_KWARGS),  # nothing would read the text
+        ({}, {**GEN_KWARGS, "max_tokens": 256}),  # below MIN_MAX_TOKENS: not evidence, never analysed
+    ],
+)
+def test_requests_whose_text_nothing_reads_are_not_streamed(sim, result_dir, monkeypatch, knobs, gen_kwargs) -> None:
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
+    server = sim("healthy")
+    with probe_installed():
+        generate(completions(server.base_url, num_concurrent=4), 8, gen_kwargs)
+    assert server.snapshot()["streamed"] == 0 and server.snapshot()["generate_requests"] == 8

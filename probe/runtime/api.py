@@ -154,9 +154,10 @@ def _streaming(
     probe: state.Probe, request: Request, original: Callable, lm: Any, args: tuple, kwargs: dict
 ) -> tuple[tuple, dict]:
     """The call's arguments, its session replaced by one that streams (``streamed_post``)
-    when the knob allows; the arguments unchanged otherwise, and on any error."""
+    when the knob allows and the loop detector would read the text (it is on, and the request
+    is evidence); the arguments unchanged otherwise, and on any error."""
     mode = probe.settings.stream
-    if mode == "off":
+    if mode == "off" or not probe.settings.detector or not request.is_evidence:
         return args, kwargs
     try:
         bound = _SIGNATURES[original].bind(lm, *args, **kwargs)
