@@ -248,3 +248,15 @@ def test_partial_for_a_choice_the_request_does_not_have_counts_nothing(result_di
     probe.observe(request, _response("length", MAX_TOKENS))
     tally = request.group.tally
     assert (tally.observed, tally.flagged, request.flagged) == (1, 0, set())
+
+
+def test_vllm_partial_outputs_are_asked_for_evidence_requests_only() -> None:
+    # The in-process vLLM backend's sibling of the API path's rule: a request below
+    # MIN_MAX_TOKENS is never analysed, so the engine need not report it every few tokens.
+    from probe.runtime.vllm_partial import wanted
+
+    probe, (request, *_) = _probe(1)
+    short = probe.request(completions("http://127.0.0.1:9"), {**GEN_KWARGS, "max_tokens": 256}, ["q"], 256)
+    assert wanted(probe.settings, [request]) and not wanted(probe.settings, [short])
+    assert not wanted(contract.Settings(detector=False), [request])
+    assert not wanted(contract.Settings(stream="off"), [request])

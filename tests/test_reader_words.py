@@ -29,3 +29,11 @@ def test_a_record_that_names_the_context_window_says_so() -> None:
     text = pathology_text(found)
     assert "ran out of the server's context window" in text and "what to change:" in text and "max_model_len" in text
     assert "max_tokens cap" not in text and "does not stop" not in text
+
+
+def test_requests_cancelled_in_flight_are_not_said_to_have_never_reached_the_server() -> None:
+    # The short-circuited count includes those cancelled in flight (Probe.blanks): they did
+    # reach it, so the sentence keeps them apart.
+    text = pathology_text({**FOUND, "short_circuited_requests": 32, "cancelled_in_flight": 8})
+    assert "24 requests were then answered with empty strings without contacting the server" in text
+    assert "8 in-flight requests were cancelled" in text

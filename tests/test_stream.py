@@ -209,3 +209,50 @@ def test_a_streamed_payload_asks_for_usage_and_leaves_the_original_alone() -> No
     payload = {"prompt": "a", "max_tokens": 9}
     assert streamed(payload) == {**payload, "stream": True, "stream_options": {"include_usage": True}}
     assert payload == {"prompt": "a", "max_tokens": 9}
+
+
+def _sglang(deltas: list[dict[str, Any]], reason: str = "stop") -> list[str]:
+    """The chunks SGLang streams for a chat answer: nulls spelt out, ``matched_stop`` on every choice."""
+    head = {"id": "s", "object": "chat.completion.chunk", "created": 1, "model": "m", "usage": None}
+    empty = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None}
+    opener = {"index": 0, "delta": {**empty, "role": "assistant", "content": ""}, "logprobs": None,
+              "finish_reason": None, "matched_stop": None}  # fmt: skip
+    chunks = [{**head, "choices": [opener]}]
+    for delta in deltas:
+        choice = {"index": 0, "delta": {**empty, **delta}, "logprobs": None, "finish_reason": None}
+        choice["matched_stop"] = None
+        chunks.append({**head, "choices": [choice]})
+    ending = {"index": 0, "delta": {**empty, "content": ""}, "logprobs": None, "finish_reason": reason,
+              "matched_stop": 2 if reason == "stop" else None}  # fmt: skip
+    chunks += [{**head, "choices": [ending]}, {**head, "choices": [], "usage": {"completion_tokens": 3}}]
+    return sse(chunks)
+
+
+@pytest.mark.parametrize(
+    ("deltas", "reason", "message"),
+    [
+        # SGLang's unstreamed message: content=text if text else None, and so reasoning_content.
+        ([], "stop", {"role": "assistant", "content": None, "reasoning_content": None}),
+        ([{"reasoning_content": "hm"}], "length", {"role": "assistant", "content": None, "reasoning_content": "hm"}),
+        ([{"content": "4"}], "stop", {"role": "assistant", "content": "4", "reasoning_content": None}),
+    ],
+)
+def test_an_sglang_stream_reassembles_into_sglangs_unstreamed_message(deltas, reason, message) -> None:
+    rebuilt, _ = reassemble(_sglang(deltas, reason), 1)
+    assert rebuilt["choices"][0]["message"] == message
+
+
+def test_a_line_that_is_not_utf8_is_refused_so_that_the_request_falls_back() -> None:
+    # A UnicodeDecodeError escaped the fallback: lm-eval retried the same stream until it crashed.
+    with pytest.raises(Unassemblable):
+        EventLines().feed(b'data: {"text": "4\xff2"}\n')
+
+
+def test_text_after_its_choice_ended_is_refused() -> None:
+    # Whether the unstreamed answer holds it is not certain: the ordinary request decides.
+    head = {"id": "x", "object": "text_completion", "model": "m"}
+    chunks = [{**head, "choices": [{"index": 0, "text": "4", "finish_reason": "stop"}]},
+              {**head, "choices": [{"index": 0, "text": "2", "finish_reason": None}]},
+              {**head, "choices": [], "usage": {"completion_tokens": 2}}]  # fmt: skip
+    with pytest.raises(Unassemblable):
+        reassemble(sse(chunks), 1)

@@ -153,3 +153,36 @@ def test_random_text_never_loops_and_trips_by_the_cap_rule(sim, result_dir) -> N
     assert sidecar["verdict"]["cause"] == contract.OUTPUT_CAP
     assert sidecar["verdict"]["flagged"] == 0
     assert stats["completed"] == stats["generate_requests"] == 16
+
+
+def test_a_flagged_attempt_that_times_out_is_not_counted_again_by_its_retry(sim, result_dir, monkeypatch) -> None:
+    # Each attempt is flagged within its first tokens, then lm-eval's timeout ends it and
+    # tenacity retries it: a new call for the same prompts, whose flag must not count twice.
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "8")
+    monkeypatch.setenv(contract.ENV_SLOW_START, "off")
+    server = sim("loop_short", seconds_per_token=0.005)  # 20 s for 4,096 tokens
+    lm = completions(server.base_url, num_concurrent=4, timeout=2)
+    lm.max_retries = 3
+    with probe_installed() as probe:
+        with pytest.raises(Exception):  # noqa: B017 - the retries run out: lm-eval's own error
+            generate(lm, 4, {**GEN_KWARGS, "max_tokens": 4096})
+        probe.finalise()
+    # Four generations were seen looping: four observations, not one per attempt.
+    assert not (result_dir / contract.SIDECAR_NAME).exists()
+    assert server.snapshot()["generate_requests"] == 4 * 3
+
+
+@pytest.mark.parametrize(
+    ("knobs", "gen_kwargs"),
+    [
+        ({contract.ENV_DETECTOR: "off"}, GEN_KWARGS),  # nothing would read the text
+        ({}, {**GEN_KWARGS, "max_tokens": 256}),  # below MIN_MAX_TOKENS: not evidence, never analysed
+    ],
+)
+def test_requests_whose_text_nothing_reads_are_not_streamed(sim, result_dir, monkeypatch, knobs, gen_kwargs) -> None:
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
+    server = sim("healthy")
+    with probe_installed():
+        generate(completions(server.base_url, num_concurrent=4), 8, gen_kwargs)
+    assert server.snapshot()["streamed"] == 0 and server.snapshot()["generate_requests"] == 8

@@ -63,9 +63,13 @@ def pathology_text(found: dict[str, Any]) -> str:
     if found["short_circuited_requests"] is None:
         after = "The final counters were not written (the process ended before its exit handlers ran)."
     else:
+        # The short-circuited requests include those cancelled in flight, which did reach it.
+        short, cancelled = found["short_circuited_requests"], found["cancelled_in_flight"]
+        never_sent = short - cancelled if type(short) is int and type(cancelled) is int else short
         after = (
-            f"{found['short_circuited_requests']} requests were then answered with empty strings without "
-            f"contacting the server, and {found['cancelled_in_flight']} in-flight requests were cancelled."
+            f"{never_sent} requests were then "
+            f"answered with empty strings without contacting the server, and {cancelled} in-flight requests "
+            "were cancelled."
         )
     when = found["seconds_since_first_request"]
     where = [

@@ -67,7 +67,10 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
     # token ids); the sync path passes the prompts themselves.
     keys = bound.get("cache_keys", extra.get("cache_keys"))
     prompts = [key[0] for key in keys] if isinstance(keys, list) and len(keys) == len(messages) else list(messages)
-    return probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs))
+    request = probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs))
+    request.source = messages
+    probe.resume(request)
+    return request
 
 
 def _begin(
@@ -137,6 +140,8 @@ async def _run_async(
             group.inflight.discard(inner)
         if request.cancelled_by_probe and (inner.cancelled() or inner.exception() is not None):
             return probe.blanks(request, cancelled=True)
+        if not inner.cancelled() and inner.exception() is not None:
+            probe.failed(request)  # lm-eval may retry it
         answers = inner.result()
         answered = True
         return answers
@@ -149,9 +154,10 @@ def _streaming(
     probe: state.Probe, request: Request, original: Callable, lm: Any, args: tuple, kwargs: dict
 ) -> tuple[tuple, dict]:
     """The call's arguments, its session replaced by one that streams (``streamed_post``)
-    when the knob allows; the arguments unchanged otherwise, and on any error."""
+    when the knob allows and the loop detector would read the text (it is on, and the request
+    is evidence); the arguments unchanged otherwise, and on any error."""
     mode = probe.settings.stream
-    if mode == "off":
+    if mode == "off" or not probe.settings.detector or not request.is_evidence:
         return args, kwargs
     try:
         bound = _SIGNATURES[original].bind(lm, *args, **kwargs)

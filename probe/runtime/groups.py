@@ -26,6 +26,8 @@ class Group:
     short_circuited: int = 0
     cancelled: int = 0
     inflight: InFlight = field(default_factory=InFlight)
+    # Flagged attempts that failed, by the identity of the prompts lm-eval will retry them with.
+    retrying: dict[int, Request] = field(default_factory=dict)
 
     def summary(self, tasks: set[str]) -> dict[str, Any]:
         return {
@@ -59,6 +61,8 @@ class Request:
     # The loop detector of each choice fed partial output so far, and the choices it flagged.
     detectors: dict[int, LoopDetector] = field(default_factory=dict)
     flagged: set[int] = field(default_factory=set)
+    # The object lm-eval passed its prompts in: a retry of this call passes the same one.
+    source: Any = field(default=None, repr=False, compare=False)
 
     @property
     def n_answers(self) -> int:

@@ -70,7 +70,12 @@ class Exchange:
             if id(request.group) not in numbers:
                 numbers[id(request.group)] = len(self.groups)
                 self.groups.append(request.group)
-            tag = {"dir": self.directory, "i": i, "g": numbers[id(request.group)], "w": wanted(self.probe.settings)}
+            tag = {
+                "dir": self.directory,
+                "i": i,
+                "g": numbers[id(request.group)],
+                "w": wanted(self.probe.settings, [request]),
+            }
             tagged = copy.copy(sampling)
             tagged.extra_args = {**(getattr(sampling, "extra_args", None) or {}), TAG: tag}
             copies.append(tagged)

@@ -103,6 +103,24 @@ class Probe:
             public_url(getattr(lm, "base_url", None)), backend, tasks,
         )  # fmt: skip
 
+    def failed(self, request: Request) -> None:
+        """``request`` ended in an error that lm-eval may retry (a new call with the same prompts):
+        the choices it flagged stay counted once, and its retry takes them over (``resume``)."""
+        if request.source is None or not request.flagged or request.observed:
+            return
+        with self.lock:
+            request.group.retrying[id(request.source)] = request
+
+    def resume(self, request: Request) -> None:
+        """``request`` retries a flagged attempt that failed: it takes over its flags and tasks,
+        so that the retry's loop is not counted a second time nor its tasks taken again."""
+        with self.lock:
+            earlier = request.group.retrying.pop(id(request.source), None)
+            if earlier is None or earlier.source is not request.source or earlier.prompts != request.prompts:
+                return
+            request.flagged |= earlier.flagged
+            request.tasks = request.tasks or earlier.tasks
+
     def _tasks_of_request(self, request: Request) -> list[str | None]:
         """The request's tasks, taken from the book once (under the lock)."""
         if request.tasks is None:

@@ -48,7 +48,10 @@ class EventLines:
 
     def feed(self, line: bytes | str) -> list[str]:
         """The events that ``line`` completes (none, or the one it ends)."""
-        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+        except UnicodeDecodeError as error:
+            raise Unassemblable(f"a line that is not UTF-8: {line[:80]!r}") from error
         text = text.rstrip("\r\n")
         if not text:
             return self.flush()
@@ -96,12 +99,14 @@ class _Choice:
         message: dict[str, Any] = {"role": self.role or "assistant"}
         content = self.joined("content")
         reasoning = any(self.joined(name) for name in REASONING_FIELDS)
-        # vLLM's reasoning parsers answer None for an empty answer after reasoning, while
-        # its stream opens every message with content "": so empty content is None there.
-        message["content"] = None if not content and reasoning else content
+        # Both streams open every message with content "". Unstreamed, SGLang (whose choices
+        # carry matched_stop) answers None for any empty field; vLLM's reasoning parsers answer
+        # None for an empty answer after reasoning, and "" otherwise.
+        sglang = "matched_stop" in self.fields
+        message["content"] = None if not content and (reasoning or sglang) else content
         for name in REASONING_FIELDS:
             if name in self.texts:
-                message[name] = self.joined(name)
+                message[name] = (self.joined(name) or None) if sglang else self.joined(name)
         return message
 
     def body(self) -> dict[str, Any]:
@@ -170,6 +175,7 @@ class Reassembly:
             raise Unassemblable(f"a choice index out of range: {index!r}")
         chat = self._top["object"] == "chat.completion.chunk"
         choice = self._choices.setdefault(index, _Choice(index, chat))
+        ended = choice.fields.get("finish_reason") is not None  # by an earlier chunk
         new = ""
         for name, value in raw.items():
             if name == "index":
@@ -187,6 +193,8 @@ class Reassembly:
                 choice.fields.setdefault(name, None)
             elif value is not None:
                 raise Unassemblable(f"choice {index} carries an unknown field: {name}")
+        if ended and new:
+            raise Unassemblable(f"choice {index} has text after its end")
         return index, new
 
     @staticmethod

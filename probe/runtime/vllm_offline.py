@@ -262,7 +262,8 @@ def _probed_model_generate(original: Callable, vllm_causallms: Any = None) -> Ca
                 )  # fmt: skip
                 given = [BlankOutput(f"replica-{j}") if j in blanked else out for j, out in enumerate(outputs)]
             else:
-                call = EngineCall(probe, engine, [planned[i] for i in send], watch=wanted(probe.settings))
+                in_engine = [planned[i] for i in send]
+                call = EngineCall(probe, engine, in_engine, watch=wanted(probe.settings, in_engine))
                 token = _CALL.set(call)
                 try:
                     outputs = original(self, sent, generate, params, **kwargs)

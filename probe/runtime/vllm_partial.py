@@ -13,6 +13,7 @@ Pure logic: no vLLM import; the enum is reached through the parameters' own valu
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from probe.runtime.contract import Settings
@@ -51,7 +52,8 @@ def new_text(seen: int, text: str) -> str:
     return text[seen:] if len(text) > seen else ""
 
 
-def wanted(settings: Settings) -> bool:
-    """Whether partial outputs are worth asking for: only the loop detector reads them, and
+def wanted(settings: Settings, requests: Iterable[Any]) -> bool:
+    """Whether partial outputs of ``requests`` are worth asking for: only the loop detector reads
+    them, and only for requests that are evidence (``max_tokens`` at least MIN_MAX_TOKENS);
     HYPERLOOM_EVAL_PROBE_STREAM=off asks for none (the cap rule alone, as before)."""
-    return settings.detector and settings.stream != "off"
+    return settings.detector and settings.stream != "off" and any(request.is_evidence for request in requests)
