@@ -244,3 +244,17 @@ def test_partial_output_from_a_replica_reaches_the_loop_detector_and_its_trip_ev
     assert exchange.reported == {0} and group.tally.as_dict()["observations"] == 1  # counted once
     for replica in (looping, other):
         replica.close()
+
+
+def test_a_line_that_is_not_json_loses_no_other_line_of_the_read(result_dir: Path, capsys) -> None:
+    # A short write (a full disk) leaves a line cut off, and the next line joins it.
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    exchange = Exchange(probe, plan(probe, [0, 0, 0], ["a"] * 3), str(result_dir))
+    good = [json.dumps({"i": i, "response": response("stop")}) for i in (0, 2)]
+    (result_dir / "replica-1.jsonl").write_text(f'{good[0]}\n{{"i": 1, "resp{good[1]}\n')
+    (result_dir / "replica-2.jsonl").write_text(json.dumps({"i": 1, "response": response("stop")}) + "\n")
+    exchange.drain()
+    assert exchange.reported == {0, 1}  # the whole lines around it, and the other replica's
+    assert probe.evidence_document()["tasks"]["a"]["observations"] == 2
+    assert capsys.readouterr().err.count("is not a whole JSON line") == 1
+

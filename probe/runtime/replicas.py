@@ -96,7 +96,15 @@ class Exchange:
             data = file.read()
         complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
         self.offsets[name] = self.offsets.get(name, 0) + len(complete)
-        return [json.loads(line) for line in complete.splitlines()]
+        entries = []
+        for line in complete.splitlines():
+            try:  # one bad line (a short write on a full disk) costs only itself
+                entries.append(json.loads(line))
+            except ValueError:
+                self.probe.errors.once(
+                    "replica json", f"a replica's line is not a whole JSON line ({line[:200]!r}); ignored"
+                )
+        return entries
 
     def _feed(self, entry: Any) -> None:
         i = entry.get("i") if isinstance(entry, dict) else None
