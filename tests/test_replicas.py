@@ -258,3 +258,27 @@ def test_a_line_that_is_not_json_loses_no_other_line_of_the_read(result_dir: Pat
     assert probe.evidence_document()["tasks"]["a"]["observations"] == 2
     assert capsys.readouterr().err.count("is not a whole JSON line") == 1
 
+
+def test_a_replica_that_cannot_write_its_report_never_fails_its_generation(tmp_path: Path, capsys) -> None:
+    replica = Replica(str(tmp_path), [0, 1], [0, 0])
+    os.close(replica.fd)  # as a full disk or a vanished directory would make every write fail
+    replica.fd = os.open(os.devnull, os.O_RDONLY)
+    replica.observe(replica.requests[0], response("stop"))
+    replica.partial(replica.requests[1], 0, "more")
+    assert replica.blanks(replica.requests[1], cancelled=True) == [""]
+    replica.close()
+    assert capsys.readouterr().err.count("cannot write to its run's exchange directory") == 1
+
+
+def test_a_blank_whose_report_never_arrived_is_still_counted_as_the_probes(result_dir: Path) -> None:
+    from probe.runtime.replicas import generate_across
+    from probe.runtime.vllm_offline import BlankOutput
+
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    requests = plan(probe, [0, 0], ["a", "a"])
+    real = type("Output", (), {"request_id": "1", "outputs": []})()
+    outputs, blanked = generate_across(
+        probe, requests, [Sampling(MAX_TOKENS)] * 2, lambda tagged: [BlankOutput("0"), real], ray=False
+    )
+    assert blanked == {0} and outputs[1] is real
+    assert probe.evidence_document()["tasks"]["a"]["short_circuited"] == 1

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probe.runtime import state
+from probe.runtime.answers import ShortCircuitAnswer
 from probe.runtime.groups import Group, Request
 from probe.runtime.vllm_partial import wanted
 
@@ -153,8 +154,21 @@ def generate_across(
         follower.join()
         _follow(exchange, None)  # what the replicas wrote last, before they returned
         shutil.rmtree(directory, ignore_errors=True)
+    _count_unreported_blanks(exchange, outputs)
     _say_unreached(exchange)
     return outputs, exchange.blanked
+
+
+def _count_unreported_blanks(exchange: Exchange, outputs: Any) -> None:
+    """Count as the probe's every blank a replica made up but whose report never arrived (it
+    could not write it): such an answer is never the model's, nor a prompt that ran unprobed."""
+    for i, output in enumerate(outputs or ()):
+        completions = getattr(output, "outputs", None) or ()
+        made_up = isinstance(getattr(completions[0], "text", None), ShortCircuitAnswer) if completions else False
+        if made_up and i < len(exchange.requests) and i not in exchange.blanked:
+            exchange.reported.add(i)
+            exchange.blanked.add(i)
+            exchange.probe.blanks(exchange.requests[i], cancelled=True)
 
 
 def _follow(exchange: Exchange, stop: threading.Event | None) -> None:
