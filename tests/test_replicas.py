@@ -282,3 +282,37 @@ def test_a_blank_whose_report_never_arrived_is_still_counted_as_the_probes(resul
     )
     assert blanked == {0} and outputs[1] is real
     assert probe.evidence_document()["tasks"]["a"]["short_circuited"] == 1
+
+
+@dataclass
+class Completion:
+    """A ``CompletionOutput`` in cumulative mode: the whole text and token ids so far."""
+
+    text: str
+    token_ids: list[int]
+    index: int = 0
+
+
+@dataclass
+class Running:
+    request_id: str
+    outputs: list[Completion]
+    finished: bool = False
+
+
+def test_partial_output_is_read_every_stream_interval_tokens_not_every_token(tmp_path: Path) -> None:
+    # vLLM ignores stream_interval in cumulative mode (it reports every step): the probe paces itself.
+    from probe.runtime.replica_engine import ReplicaCall
+    from probe.runtime.vllm_partial import STREAM_INTERVAL
+
+    replica = Replica(str(tmp_path), [0], [0])
+    call = ReplicaCall(replica, None, replica.requests, ids=["0"], watch=True)  # type: ignore[arg-type]
+    replica.newly_tripped = list  # type: ignore[method-assign]  # no marker here
+    tokens = 4 * STREAM_INTERVAL + 3
+    for n in range(1, tokens + 1):
+        call.after_step([Running("0", [Completion("ab" * n, list(range(n)))])])
+    replica.close()
+    (name,) = os.listdir(tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+    assert len(lines) == 4  # one read per STREAM_INTERVAL tokens
+    assert "".join(line["text"] for line in lines) == "ab" * 4 * STREAM_INTERVAL  # nothing lost between reads
