@@ -29,3 +29,12 @@ def test_a_record_that_names_the_context_window_says_so() -> None:
     text = pathology_text(found)
     assert "ran out of the server's context window" in text and "what to change:" in text and "max_model_len" in text
     assert "max_tokens cap" not in text and "does not stop" not in text
+
+
+def test_an_in_process_model_is_named_without_a_server_it_never_had() -> None:
+    # lm-eval's in-process vLLM (and HF) backends record no base_url: the sidecar holds null.
+    found = {**FOUND, "lm_eval_version": "0.4.13"}
+    text = pathology_text({**found, "model": "/models/tiny", "base_url": None})
+    assert "Model /models/tiny, lm-eval 0.4.13." in text and "at None" not in text
+    served = pathology_text({**found, "model": "m", "base_url": "http://h:1/v1/completions"})
+    assert "Model m at http://h:1/v1/completions, lm-eval 0.4.13." in served
