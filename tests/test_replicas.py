@@ -316,3 +316,21 @@ def test_partial_output_is_read_every_stream_interval_tokens_not_every_token(tmp
     lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
     assert len(lines) == 4  # one read per STREAM_INTERVAL tokens
     assert "".join(line["text"] for line in lines) == "ab" * 4 * STREAM_INTERVAL  # nothing lost between reads
+
+
+def test_no_usable_temporary_directory_runs_the_replicas_unprobed_never_fails_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import tempfile
+
+    from probe.runtime.replicas import generate_across
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))  # removed by a cleaner, or never writable
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    params = [Sampling(MAX_TOKENS), Sampling(MAX_TOKENS, {"user": 1})]
+    asked: list[Any] = []
+    outputs, blanked = generate_across(
+        probe, plan(probe, [0, 0], ["a", "a"]), params, lambda given: asked.append(given) or ["x", "y"], ray=False
+    )
+    assert (outputs, blanked) == (["x", "y"], set()) and asked == [params]  # as lm-eval asked: no tags
+    assert "internal error in vllm replicas" in capsys.readouterr().err

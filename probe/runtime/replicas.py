@@ -134,14 +134,16 @@ def generate_across(
     replica answered blank (their outputs are the probe's, never the model's).
 
     ``ray``: lm-eval sends the shares to Ray tasks (else to multiprocessing workers)."""
-    directory = tempfile.mkdtemp(prefix="hyperloom_eval_probe_replicas-")
-    try:
+    directory = None
+    try:  # no usable temporary directory (TMPDIR unwritable, or removed since) included
+        directory = tempfile.mkdtemp(prefix="hyperloom_eval_probe_replicas-")
         exchange = Exchange(probe, requests, directory)
         tagged = exchange.tagged(params)
         if ray:
             _join_ray()
     except Exception as error:
-        shutil.rmtree(directory, ignore_errors=True)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
         probe.errors.report("vllm replicas", error)
         return run(params), set()
     stop = threading.Event()
