@@ -334,3 +334,23 @@ def test_no_usable_temporary_directory_runs_the_replicas_unprobed_never_fails_th
     )
     assert (outputs, blanked) == (["x", "y"], set()) and asked == [params]  # as lm-eval asked: no tags
     assert "internal error in vllm replicas" in capsys.readouterr().err
+
+
+def test_ray_workers_get_the_drivers_pythonpath_as_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker does not start in the driver's directory (a `ray start` cluster never does): a
+    # relative entry would name nothing there, and the replicas would run unprobed.
+    import sys
+    import types
+
+    from probe.runtime.replicas import _join_ray
+
+    joined: list[dict[str, Any]] = []
+    ray = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kwargs: joined.append(kwargs))
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", f"site{os.pathsep}/abs/other")
+    _join_ray()
+    (kwargs,) = joined
+    assert kwargs["runtime_env"]["env_vars"]["PYTHONPATH"] == f"{tmp_path / 'site'}:/abs/other:${{PYTHONPATH}}"

@@ -206,6 +206,8 @@ def _join_ray() -> None:
     pythonpath = os.environ.get("PYTHONPATH")
     if ray.is_initialized() or not pythonpath:
         return
+    # A worker does not start in this directory: relative entries are made absolute here.
     # "${PYTHONPATH}" is the worker's own value: Ray expands it there, so nothing of a
     # remote node's path is lost.
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": f"{pythonpath}:${{PYTHONPATH}}"}})
+    absolute = os.pathsep.join(os.path.abspath(entry) if entry else entry for entry in pythonpath.split(os.pathsep))
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": f"{absolute}:${{PYTHONPATH}}"}})
