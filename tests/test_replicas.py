@@ -354,3 +354,14 @@ def test_ray_workers_get_the_drivers_pythonpath_as_absolute_paths(
     _join_ray()
     (kwargs,) = joined
     assert kwargs["runtime_env"]["env_vars"]["PYTHONPATH"] == f"{tmp_path / 'site'}:/abs/other:${{PYTHONPATH}}"
+
+
+def test_a_replica_file_that_cannot_be_read_loses_no_other_replicas_report(result_dir: Path, capsys) -> None:
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    exchange = Exchange(probe, plan(probe, [0], ["a"]), str(result_dir))
+    (result_dir / "replica-0.jsonl").mkdir()  # sorted first: unreadable as a file
+    (result_dir / "replica-1.jsonl").write_text(json.dumps({"i": 0, "response": response("stop")}) + "\n")
+    exchange.drain()
+    exchange.drain()
+    assert exchange.reported == {0}
+    assert capsys.readouterr().err.count("cannot read a replica's report") == 1

@@ -82,7 +82,12 @@ class Exchange:
         Called by one thread at a time (the follower, then once more after it stopped)."""
         for name in sorted(os.listdir(self.directory)):
             if name.startswith(REPLICA_FILE):
-                for entry in self._new_lines(name):
+                try:
+                    entries = self._new_lines(name)
+                except OSError as error:  # that replica's report only: the others are still read
+                    self.probe.errors.once("replica file", f"cannot read a replica's report {name} ({error!r})")
+                    continue
+                for entry in entries:
                     self._feed(entry)
         for number, group in enumerate(self.groups):
             if group.tripped and number not in self.marked:
