@@ -37,3 +37,12 @@ def test_requests_cancelled_in_flight_are_not_said_to_have_never_reached_the_ser
     text = pathology_text({**FOUND, "short_circuited_requests": 32, "cancelled_in_flight": 8})
     assert "24 requests were then answered with empty strings without contacting the server" in text
     assert "8 in-flight requests were cancelled" in text
+
+
+def test_an_in_process_model_is_named_without_a_server_it_never_had() -> None:
+    # lm-eval's in-process vLLM (and HF) backends record no base_url: the sidecar holds null.
+    found = {**FOUND, "lm_eval_version": "0.4.13"}
+    text = pathology_text({**found, "model": "/models/tiny", "base_url": None})
+    assert "Model /models/tiny, lm-eval 0.4.13." in text and "at None" not in text
+    served = pathology_text({**found, "model": "m", "base_url": "http://h:1/v1/completions"})
+    assert "Model m at http://h:1/v1/completions, lm-eval 0.4.13." in served

@@ -244,3 +244,124 @@ def test_partial_output_from_a_replica_reaches_the_loop_detector_and_its_trip_ev
     assert exchange.reported == {0} and group.tally.as_dict()["observations"] == 1  # counted once
     for replica in (looping, other):
         replica.close()
+
+
+def test_a_line_that_is_not_json_loses_no_other_line_of_the_read(result_dir: Path, capsys) -> None:
+    # A short write (a full disk) leaves a line cut off, and the next line joins it.
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    exchange = Exchange(probe, plan(probe, [0, 0, 0], ["a"] * 3), str(result_dir))
+    good = [json.dumps({"i": i, "response": response("stop")}) for i in (0, 2)]
+    (result_dir / "replica-1.jsonl").write_text(f'{good[0]}\n{{"i": 1, "resp{good[1]}\n')
+    (result_dir / "replica-2.jsonl").write_text(json.dumps({"i": 1, "response": response("stop")}) + "\n")
+    exchange.drain()
+    assert exchange.reported == {0, 1}  # the whole lines around it, and the other replica's
+    assert probe.evidence_document()["tasks"]["a"]["observations"] == 2
+    assert capsys.readouterr().err.count("is not a whole JSON line") == 1
+
+
+def test_a_replica_that_cannot_write_its_report_never_fails_its_generation(tmp_path: Path, capsys) -> None:
+    replica = Replica(str(tmp_path), [0, 1], [0, 0])
+    os.close(replica.fd)  # as a full disk or a vanished directory would make every write fail
+    replica.fd = os.open(os.devnull, os.O_RDONLY)
+    replica.observe(replica.requests[0], response("stop"))
+    replica.partial(replica.requests[1], 0, "more")
+    assert replica.blanks(replica.requests[1], cancelled=True) == [""]
+    replica.close()
+    assert capsys.readouterr().err.count("cannot write to its run's exchange directory") == 1
+
+
+def test_a_blank_whose_report_never_arrived_is_still_counted_as_the_probes(result_dir: Path) -> None:
+    from probe.runtime.replicas import generate_across
+    from probe.runtime.vllm_offline import BlankOutput
+
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    requests = plan(probe, [0, 0], ["a", "a"])
+    real = type("Output", (), {"request_id": "1", "outputs": []})()
+    outputs, blanked = generate_across(
+        probe, requests, [Sampling(MAX_TOKENS)] * 2, lambda tagged: [BlankOutput("0"), real], ray=False
+    )
+    assert blanked == {0} and outputs[1] is real
+    assert probe.evidence_document()["tasks"]["a"]["short_circuited"] == 1
+
+
+@dataclass
+class Completion:
+    """A ``CompletionOutput`` in cumulative mode: the whole text and token ids so far."""
+
+    text: str
+    token_ids: list[int]
+    index: int = 0
+
+
+@dataclass
+class Running:
+    request_id: str
+    outputs: list[Completion]
+    finished: bool = False
+
+
+def test_partial_output_is_read_every_stream_interval_tokens_not_every_token(tmp_path: Path) -> None:
+    # vLLM ignores stream_interval in cumulative mode (it reports every step): the probe paces itself.
+    from probe.runtime.replica_engine import ReplicaCall
+    from probe.runtime.vllm_partial import STREAM_INTERVAL
+
+    replica = Replica(str(tmp_path), [0], [0])
+    call = ReplicaCall(replica, None, replica.requests, ids=["0"], watch=True)  # type: ignore[arg-type]
+    replica.newly_tripped = list  # type: ignore[method-assign]  # no marker here
+    tokens = 4 * STREAM_INTERVAL + 3
+    for n in range(1, tokens + 1):
+        call.after_step([Running("0", [Completion("ab" * n, list(range(n)))])])
+    replica.close()
+    (name,) = os.listdir(tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+    assert len(lines) == 4  # one read per STREAM_INTERVAL tokens
+    assert "".join(line["text"] for line in lines) == "ab" * 4 * STREAM_INTERVAL  # nothing lost between reads
+
+
+def test_no_usable_temporary_directory_runs_the_replicas_unprobed_never_fails_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import tempfile
+
+    from probe.runtime.replicas import generate_across
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))  # removed by a cleaner, or never writable
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    params = [Sampling(MAX_TOKENS), Sampling(MAX_TOKENS, {"user": 1})]
+    asked: list[Any] = []
+    outputs, blanked = generate_across(
+        probe, plan(probe, [0, 0], ["a", "a"]), params, lambda given: asked.append(given) or ["x", "y"], ray=False
+    )
+    assert (outputs, blanked) == (["x", "y"], set()) and asked == [params]  # as lm-eval asked: no tags
+    assert "internal error in vllm replicas" in capsys.readouterr().err
+
+
+def test_ray_workers_get_the_drivers_pythonpath_as_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker does not start in the driver's directory (a `ray start` cluster never does): a
+    # relative entry would name nothing there, and the replicas would run unprobed.
+    import sys
+    import types
+
+    from probe.runtime.replicas import _join_ray
+
+    joined: list[dict[str, Any]] = []
+    ray = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kwargs: joined.append(kwargs))
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", f"site{os.pathsep}/abs/other")
+    _join_ray()
+    (kwargs,) = joined
+    assert kwargs["runtime_env"]["env_vars"]["PYTHONPATH"] == f"{tmp_path / 'site'}:/abs/other:${{PYTHONPATH}}"
+
+
+def test_a_replica_file_that_cannot_be_read_loses_no_other_replicas_report(result_dir: Path, capsys) -> None:
+    probe = state.Probe(contract.Settings(), evaluation=True)
+    exchange = Exchange(probe, plan(probe, [0], ["a"]), str(result_dir))
+    (result_dir / "replica-0.jsonl").mkdir()  # sorted first: unreadable as a file
+    (result_dir / "replica-1.jsonl").write_text(json.dumps({"i": 0, "response": response("stop")}) + "\n")
+    exchange.drain()
+    exchange.drain()
+    assert exchange.reported == {0}
+    assert capsys.readouterr().err.count("cannot read a replica's report") == 1

@@ -72,8 +72,9 @@ def pathology_text(found: dict[str, Any]) -> str:
             "were cancelled."
         )
     when = found["seconds_since_first_request"]
+    served = f" at {found['base_url']}" if found.get("base_url") else ""  # none in-process (vLLM, HF)
     where = [
-        f"model {found['model']} at {found['base_url']}" if found["model"] else "",
+        f"model {found['model']}{served}" if found["model"] else "",
         f"lm-eval {found['lm_eval_version']}" if found["lm_eval_version"] else "",
         f"probe settings {found['settings_fingerprint']}" if found["settings_fingerprint"] else "",
     ]

@@ -52,7 +52,20 @@ class Replica:
         self.next_look = 0.0
 
     def _write(self, entry: dict[str, Any]) -> None:
-        os.write(self.fd, (json.dumps(entry) + "\n").encode("utf-8"))  # one write: one whole line
+        """Append one whole line; never raises (the generation matters more than its report:
+        the driver counts a blank it was not told of from the answer itself)."""
+        data = (json.dumps(entry) + "\n").encode("utf-8")
+        try:
+            while data:  # a short write (a full disk) goes on where it stopped
+                written = os.write(self.fd, data)
+                if written <= 0:
+                    raise OSError(f"wrote nothing of {len(data)} bytes")
+                data = data[written:]
+        except OSError as error:
+            self.errors.once(
+                "replica write", f"this vLLM replica cannot write to its run's exchange directory ({error!r}); "
+                "what it saw from now on is missing from the run's evidence",
+            )  # fmt: skip
 
     def observe(self, request: Request, response: Any) -> None:
         self._write({"i": self.place[id(request)], "response": response})

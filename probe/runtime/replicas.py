@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probe.runtime import state
+from probe.runtime.answers import ShortCircuitAnswer
 from probe.runtime.groups import Group, Request
 from probe.runtime.vllm_partial import wanted
 
@@ -86,7 +87,12 @@ class Exchange:
         Called by one thread at a time (the follower, then once more after it stopped)."""
         for name in sorted(os.listdir(self.directory)):
             if name.startswith(REPLICA_FILE):
-                for entry in self._new_lines(name):
+                try:
+                    entries = self._new_lines(name)
+                except OSError as error:  # that replica's report only: the others are still read
+                    self.probe.errors.once("replica file", f"cannot read a replica's report {name} ({error!r})")
+                    continue
+                for entry in entries:
                     self._feed(entry)
         for number, group in enumerate(self.groups):
             if group.tripped and number not in self.marked:
@@ -101,7 +107,15 @@ class Exchange:
             data = file.read()
         complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
         self.offsets[name] = self.offsets.get(name, 0) + len(complete)
-        return [json.loads(line) for line in complete.splitlines()]
+        entries = []
+        for line in complete.splitlines():
+            try:  # one bad line (a short write on a full disk) costs only itself
+                entries.append(json.loads(line))
+            except ValueError:
+                self.probe.errors.once(
+                    "replica json", f"a replica's line is not a whole JSON line ({line[:200]!r}); ignored"
+                )
+        return entries
 
     def _feed(self, entry: Any) -> None:
         i = entry.get("i") if isinstance(entry, dict) else None
@@ -130,14 +144,16 @@ def generate_across(
     replica answered blank (their outputs are the probe's, never the model's).
 
     ``ray``: lm-eval sends the shares to Ray tasks (else to multiprocessing workers)."""
-    directory = tempfile.mkdtemp(prefix="hyperloom_eval_probe_replicas-")
-    try:
+    directory = None
+    try:  # no usable temporary directory (TMPDIR unwritable, or removed since) included
+        directory = tempfile.mkdtemp(prefix="hyperloom_eval_probe_replicas-")
         exchange = Exchange(probe, requests, directory)
         tagged = exchange.tagged(params)
         if ray:
             _join_ray()
     except Exception as error:
-        shutil.rmtree(directory, ignore_errors=True)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
         probe.errors.report("vllm replicas", error)
         return run(params), set()
     stop = threading.Event()
@@ -150,8 +166,21 @@ def generate_across(
         follower.join()
         _follow(exchange, None)  # what the replicas wrote last, before they returned
         shutil.rmtree(directory, ignore_errors=True)
+    _count_unreported_blanks(exchange, outputs)
     _say_unreached(exchange)
     return outputs, exchange.blanked
+
+
+def _count_unreported_blanks(exchange: Exchange, outputs: Any) -> None:
+    """Count as the probe's every blank a replica made up but whose report never arrived (it
+    could not write it): such an answer is never the model's, nor a prompt that ran unprobed."""
+    for i, output in enumerate(outputs or ()):
+        completions = getattr(output, "outputs", None) or ()
+        made_up = isinstance(getattr(completions[0], "text", None), ShortCircuitAnswer) if completions else False
+        if made_up and i < len(exchange.requests) and i not in exchange.blanked:
+            exchange.reported.add(i)
+            exchange.blanked.add(i)
+            exchange.probe.blanks(exchange.requests[i], cancelled=True)
 
 
 def _follow(exchange: Exchange, stop: threading.Event | None) -> None:
@@ -187,6 +216,8 @@ def _join_ray() -> None:
     pythonpath = os.environ.get("PYTHONPATH")
     if ray.is_initialized() or not pythonpath:
         return
+    # A worker does not start in this directory: relative entries are made absolute here.
     # "${PYTHONPATH}" is the worker's own value: Ray expands it there, so nothing of a
     # remote node's path is lost.
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": f"{pythonpath}:${{PYTHONPATH}}"}})
+    absolute = os.pathsep.join(os.path.abspath(entry) if entry else entry for entry in pythonpath.split(os.pathsep))
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": f"{absolute}:${{PYTHONPATH}}"}})

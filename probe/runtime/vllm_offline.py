@@ -42,7 +42,7 @@ from probe.runtime.log import say
 from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import is_ours, mark, replace, restore_where, wrap
 from probe.runtime.versions import LM_EVAL, VLLM
-from probe.runtime.vllm_partial import new_text, wanted, watched_params
+from probe.runtime.vllm_partial import STREAM_INTERVAL, new_text, wanted, watched_params
 
 BACKEND = "vllm"
 ENGINE_METHODS = ("add_request", "step", "abort_request")
@@ -101,6 +101,7 @@ class EngineCall:
     handled: set[int] = field(default_factory=set)  # the tripped groups already aborted
     watch: bool = False  # whether to ask the engine for partial outputs (vllm_partial)
     seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (prompt, choice): characters fed
+    read_at: dict[tuple[int, int], int] = field(default_factory=dict)  # (prompt, choice): tokens when last read
 
     def sampling_params(self, params: Any) -> Any:
         """The parameters to give the engine for the next of this call's prompts: a copy that
@@ -148,6 +149,12 @@ class EngineCall:
             choice, text = getattr(completion, "index", 0), getattr(completion, "text", None)
             if not isinstance(choice, int) or not isinstance(text, str):
                 continue
+            # vLLM reports a cumulative request at every step, whatever its stream_interval:
+            # read it every STREAM_INTERVAL tokens (every report when it has no token ids).
+            tokens = len(getattr(completion, "token_ids", None) or ())
+            if tokens and tokens - self.read_at.get((i, choice), 0) < STREAM_INTERVAL:
+                continue
+            self.read_at[(i, choice)] = tokens
             added = new_text(self.seen.get((i, choice), 0), text)
             if added:
                 self.seen[(i, choice)] = len(text)

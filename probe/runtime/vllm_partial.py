@@ -3,7 +3,9 @@
 ``LLM.generate`` asks the engine for final outputs only (``RequestOutputKind.FINAL_ONLY``).
 The probe hands the engine, for its own requests, a copy of the sampling parameters that asks
 for cumulative outputs instead: the engine then also reports each unfinished request every
-``STREAM_INTERVAL`` tokens, and builds the finished output exactly as for ``FINAL_ONLY`` (the
+``STREAM_INTERVAL`` tokens (vLLM 0.32 honours ``stream_interval`` in delta mode only and
+reports a cumulative request at every step: ``vllm_offline`` reads it every
+``STREAM_INTERVAL`` tokens itself), and builds the finished output exactly as for ``FINAL_ONLY`` (the
 same text, token ids, finish reason and logprobs; only the unfinished reports are added, and
 ``LLM.generate`` keeps finished outputs only). Cumulative rather than delta: a delta-mode
 final output holds only its last piece, so lm-eval would get a different answer.
