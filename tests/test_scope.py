@@ -263,10 +263,15 @@ import lm_eval
 """
     + _TASK_AND_ARGS
     + """scores = {}
+# One task index, made before the threads: lm-eval's indexing of its task files is not
+# thread-safe (0.4.9.2 then reads one file's !function beside another's), the probe aside.
+from lm_eval.tasks import TaskManager
+MANAGER = TaskManager()
 
 def evaluate(url):
     results = lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(url),
-                                      tasks=[load_yaml_config(sys.argv[1])], gen_kwargs="max_tokens=2048")
+                                      tasks=[load_yaml_config(sys.argv[1])], gen_kwargs="max_tokens=2048",
+                                      task_manager=MANAGER)
     evidence = results["hyperloom_eval_probe"]
     scores[url] = (evidence["tripped"], sum(t["observations"] for t in evidence["tasks"].values()))
 
