@@ -264,9 +264,13 @@ import lm_eval
     + _TASK_AND_ARGS
     + """scores = {}
 # One task index, made before the threads: lm-eval's indexing of its task files is not
-# thread-safe (0.4.9.2 then reads one file's !function beside another's), the probe aside.
+# thread-safe (0.4.9.2 then reads one file's !function beside another's), the probe aside;
+# and tqdm's class lock made before them too (tqdm.contrib.concurrent, which lm-eval 0.4.12
+# uses, deletes a lock it made on exit, under the other thread's feet).
 from lm_eval.tasks import TaskManager
+from tqdm import tqdm
 MANAGER = TaskManager()
+tqdm.get_lock()
 
 def evaluate(url):
     results = lm_eval.simple_evaluate(model="local-completions", model_args=ARGS.format(url),
