@@ -1,9 +1,10 @@
 """Streamed evidence against real vLLM (CPU build): its streams reassemble into what it
 answers unstreamed, and probed-streamed lm-eval gets the unprobed answers (completions with
 several prompts per request, and chat). The tiny Llama's ``echo`` variant repeats the last
-character of its prompt to the cap: long, prompt-dependent answers, below the probe's
-MIN_MAX_TOKENS, so nothing trips and every answer is compared; and vLLM aborts a stream the
-probe closes."""
+character of its prompt to the cap: long, prompt-dependent answers; the probed runs take every
+request as evidence (MIN_MAX_TOKENS 0, so each is streamed) under a rule that cannot fire
+(MIN_SAMPLES far above the requests), so nothing trips and every answer is compared; and vLLM
+aborts a stream the probe closes."""
 
 from __future__ import annotations
 
@@ -104,6 +105,9 @@ def test_probed_streamed_lm_eval_gets_the_unprobed_answers_from_vllm(
         return chat(echo.base_url, 4) if chat_format else completions(echo.base_url, num_concurrent=4, batch_size=2)
 
     plain = generate(lm(), chat_format)
+    # Streamed only what the rule reads (evidence requests); a rule that cannot fire.
+    monkeypatch.setenv("HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS", "0")
+    monkeypatch.setenv("HYPERLOOM_EVAL_PROBE_MIN_SAMPLES", "100000")
     with probe_installed():
         probed = generate(lm(), chat_format)
     assert probed == plain
