@@ -29,6 +29,7 @@ from probe.runtime.order import install_order, sampled_order
 from probe.runtime.patching import MARKER, is_ours, mark, replace, restore_where, wrap
 from probe.runtime.streamed_post import StreamingSession
 from probe.runtime.versions import LM_EVAL
+from probe.runtime.vllm_partial import wanted
 
 # The request a running call belongs to. Kept in a context variable, never on the model
 # object: dozens of calls run on the same model at once under num_concurrent > 1.
@@ -156,9 +157,9 @@ def _streaming(
     """The call's arguments, its session replaced by one that streams (``streamed_post``)
     when the knob allows and the loop detector would read the text (it is on, and the request
     is evidence); the arguments unchanged otherwise, and on any error."""
-    mode = probe.settings.stream
-    if mode == "off" or not probe.settings.detector or not request.is_evidence:
+    if not wanted(probe.settings, [request]):
         return args, kwargs
+    mode = probe.settings.stream
     try:
         bound = _SIGNATURES[original].bind(lm, *args, **kwargs)
         session = bound.arguments.get("session")
