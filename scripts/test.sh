@@ -2,10 +2,17 @@
 # Set up everything, then run the whole test suite: lint; every test that touches lm-eval (all
 # but the vLLM and the release_independent ones) against InferenceX's lm-eval (b315ef3), installed
 # the way InferenceX installs it, InferenceX's flow first; against the 0.4.9.2 release, what differs
-# there (see below); the same as b315ef3's but InferenceX's flow against 0.4.12; then every test against lm-eval 0.4.13 (the end-to-end tests on
-# real vLLM, served and in-process, included). The tests on lm-eval's Hugging Face backend (marker
-# hf) need torch: they run against the 0.4.9.2 release, whose environment has it.
-# Extra arguments go to every pytest run.
+# there (see below); the same as b315ef3's but InferenceX's flow against 0.4.12; then every test
+# against lm-eval 0.4.13 (the end-to-end tests on real vLLM, served and in-process, included). The
+# tests on lm-eval's Hugging Face backend (marker hf) need torch: they run against the 0.4.9.2
+# release, whose environment has it.
+#
+# The passes run side by side in three lanes (the tests wait on subprocesses and servers more than
+# they compute: CI time, see the README); each pass's output goes to .cache/test-logs/PASS.log and
+# is printed whole once every lane is done, with a line per pass as it ends.
+# LM_EVAL_PROBE_TEST_SERIAL=1 runs the passes one after another, their output as it comes.
+# Extra arguments go to every pytest run; a pass they leave without tests (pytest's status 5) then
+# counts as passed, while without them a pass that selects nothing fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh all
@@ -14,33 +21,111 @@ echo "== lint (ruff)"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
-inferencex_tests() {
-    # InferenceX's flow first (the patched benchmark_lib.sh, run_lm_eval, staging, read), then
-    # every other test that touches lm-eval.
-    local py=.venv-inferencex/bin/python marks="not vllm and not release_independent"
-    # Exit status 5: the extra arguments selected none of the flow's tests.
-    "$py" -m pytest -m "$marks" -p no:cacheprovider tests/test_inferencex_flow.py "$@" || [ $? -eq 5 ]
-    # Not the Hugging Face backend's tests (marker hf): InferenceX evaluates over HTTP only.
-    "$py" -m pytest -m "$marks and not inferencex and not hf" -p no:cacheprovider "$@"
+extra=("$@")
+pytest_in() {  # pytest_in VENV PYTEST-ARG...: one pytest run in VENV, with the extra arguments
+    local venv="$1"
+    shift
+    local status=0
+    "$venv/bin/python" -m pytest -p no:cacheprovider "$@" "${extra[@]}" || status=$?
+    if [ "$status" -eq 5 ] && [ "${#extra[@]}" -gt 0 ]; then
+        return 0
+    fi
+    return "$status"
 }
-echo "== tests against InferenceX's lm-eval (b315ef3) over lm-eval 0.4.13's dependencies, as InferenceX installs it"
-inferencex_tests "$@"
 
+# Each pass: what it tests, then its pytest runs.
+title_inferencex_flow="InferenceX's flow (the patched benchmark_lib.sh, run_lm_eval, staging, read) against its lm-eval (b315ef3)"
+pass_inferencex_flow() {
+    pytest_in .venv-inferencex -m "not vllm and not release_independent" tests/test_inferencex_flow.py
+}
+title_inferencex="every other test that touches lm-eval against InferenceX's lm-eval (b315ef3) over lm-eval 0.4.13's dependencies, as InferenceX installs it"
+pass_inferencex() {
+    # Not the Hugging Face backend's tests (marker hf): InferenceX evaluates over HTTP only.
+    pytest_in .venv-inferencex -m "not vllm and not release_independent and not inferencex and not hf"
+}
 # InferenceX's flow is left out below: InferenceX installs b315ef3, or 0.4.13 when that fails.
-# Its API model, cache and vLLM modules are b315ef3's byte for byte, so this pass runs only what
-# differs there: the command line and start of an evaluation (legacy parser, eager registry, the
-# evaluator's entry), results saving over its older dependencies, and the Hugging Face backend
-# (the one environment with torch and transformers<5). CI time: see the README.
-echo "== tests against the 0.4.9.2 release (the legacy command line, the eager model registry, --model hf)"
-.venv-lm-eval-0.4.9.2/bin/python -m pytest -m "not vllm and not release_independent and not inferencex" \
-    -p no:cacheprovider tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py \
-    tests/test_task_evidence.py tests/test_hf.py tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py "$@" || [ $? -eq 5 ]
-
+# 0.4.9.2's API model, cache and vLLM modules are b315ef3's byte for byte, so this pass runs only
+# what differs there: the command line and start of an evaluation (legacy parser, eager registry,
+# the evaluator's entry), results saving over its older dependencies, and the Hugging Face backend
+# (the one environment with torch and transformers<5).
+title_0492="against the 0.4.9.2 release (the legacy command line, the eager model registry, --model hf)"
+pass_0492() {
+    pytest_in .venv-lm-eval-0.4.9.2 -m "not vllm and not release_independent and not inferencex" \
+        tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py tests/test_task_evidence.py \
+        tests/test_hf.py tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py
+}
 # Not the whole lm-eval command lines of streamed runs (marker slow): the in-process streamed
-# tests cover 0.4.12's parser and placeholder; b315ef3 and 0.4.13 run those command lines (CI time).
-echo "== tests against lm-eval 0.4.12 (a static parse_generations, and null content as a cached placeholder)"
-.venv-lm-eval-0.4.12/bin/python -m pytest -m "not vllm and not release_independent and not inferencex and not hf and not slow" \
-    -p no:cacheprovider "$@"
+# tests cover 0.4.12's parser and placeholder; b315ef3 and 0.4.13 run those command lines.
+title_0412="against lm-eval 0.4.12 (a static parse_generations, and null content as a cached placeholder)"
+pass_0412() {
+    pytest_in .venv-lm-eval-0.4.12 -m "not vllm and not release_independent and not inferencex and not hf and not slow"
+}
+title_0413="every test but the vLLM ones against lm-eval 0.4.13"
+pass_0413() {
+    pytest_in .venv -m "not vllm and not hf"
+}
+title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas over Ray) with lm-eval 0.4.13"
+pass_0413_vllm() {
+    LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" pytest_in .venv -m "vllm and not hf"
+}
+# Lanes of about equal length (the vLLM tests are the slowest); the order within a lane is the order above.
+lanes=("0413_vllm 0412" "inferencex_flow inferencex" "0492 0413")
+passes=(inferencex_flow inferencex 0492 0412 0413 0413_vllm)
 
-echo "== tests against lm-eval 0.4.13, with the end-to-end tests on real vLLM"
-LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" .venv/bin/python -m pytest -m "not hf" -p no:cacheprovider "$@"
+logs=.cache/test-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+
+run_pass() {  # run_pass NAME: the pass, its output in its log (and on the terminal when serial)
+    local name="$1" title status=0 start="$SECONDS"
+    title="title_$name"
+    echo "== $name: ${!title}" > "$logs/$name.log"
+    if [ "${LM_EVAL_PROBE_TEST_SERIAL:-}" = 1 ]; then
+        cat "$logs/$name.log"
+        "pass_$name" 2>&1 | tee -a "$logs/$name.log" || status=$?
+    else
+        "pass_$name" >> "$logs/$name.log" 2>&1 || status=$?
+    fi
+    echo "$status $((SECONDS - start))" > "$logs/$name.status"
+    if [ "$status" -eq 0 ]; then
+        echo "== $name passed in $((SECONDS - start)) s"
+    else
+        echo "== $name FAILED (pytest status $status) in $((SECONDS - start)) s: $logs/$name.log"
+    fi
+}
+
+run_lane() {  # run_lane "NAME NAME...": the passes one after another
+    local name
+    for name in $1; do
+        run_pass "$name"
+    done
+}
+
+if [ "${LM_EVAL_PROBE_TEST_SERIAL:-}" = 1 ]; then
+    for name in "${passes[@]}"; do
+        run_pass "$name"
+    done
+else
+    echo "== running ${#passes[@]} passes in ${#lanes[@]} lanes side by side; each pass's output in $logs/, printed below when all are done"
+    for lane in "${lanes[@]}"; do
+        run_lane "$lane" &
+    done
+    wait
+    for name in "${passes[@]}"; do
+        cat "$logs/$name.log"
+    done
+fi
+
+failed=0
+echo "== summary"
+for name in "${passes[@]}"; do
+    status="no status: the pass did not finish" seconds="?"
+    [ -f "$logs/$name.status" ] && read -r status seconds < "$logs/$name.status"
+    if [ "$status" = 0 ]; then
+        echo "   passed  $name (${seconds} s)"
+    else
+        echo "   FAILED  $name (${seconds} s, pytest status $status; its log: $logs/$name.log)"
+        failed=1
+    fi
+done
+exit "$failed"
