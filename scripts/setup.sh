@@ -77,7 +77,9 @@ install_into() {  # install_into DIR ARG...: what `pip install ARG...` installs,
     local dir="$1"
     shift
     if [ -n "$uv" ]; then
-        "$uv" pip install -q --python "$dir/bin/python" "${uv_options[@]}" "$@"
+        # --compile-bytecode: as pip does; lm-eval runs under PYTHONDONTWRITEBYTECODE=1 (InferenceX
+        # sets it) would otherwise compile every module from source, every run.
+        "$uv" pip install -q --compile-bytecode --python "$dir/bin/python" "${uv_options[@]}" "$@"
     else
         quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
     fi

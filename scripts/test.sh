@@ -7,10 +7,9 @@
 # tests on lm-eval's Hugging Face backend (marker hf) need torch: they run against the 0.4.9.2
 # release, whose environment has it.
 #
-# The passes run side by side in three lanes (the tests wait on subprocesses and servers more than
-# they compute: CI time, see the README); each pass's output goes to .cache/test-logs/PASS.log and
-# is printed whole once every lane is done, with a line per pass as it ends.
-# LM_EVAL_PROBE_TEST_SERIAL=1 runs the passes one after another, their output as it comes.
+# One pass after another (side by side on 2 cores, the torch and vLLM passes ran 2.5-3x slower:
+# their threads spin against each other); each pass's output also goes to
+# .cache/test-logs/PASS.log, and a summary at the end gives each pass's result and seconds.
 # Extra arguments go to every pytest run; a pass they leave without tests (pytest's status 5) then
 # counts as passed, while without them a pass that selects nothing fails.
 set -euo pipefail
@@ -68,59 +67,23 @@ title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas
 pass_0413_vllm() {
     LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" pytest_in .venv -m "vllm and not hf"
 }
-# Lanes of about equal length (the vLLM tests are the slowest); the order within a lane is the order above.
-lanes=("0413_vllm 0412" "inferencex_flow inferencex" "0492 0413")
 passes=(inferencex_flow inferencex 0492 0412 0413 0413_vllm)
 
 logs=.cache/test-logs
 rm -rf "$logs"
 mkdir -p "$logs"
-
-run_pass() {  # run_pass NAME: the pass, its output in its log (and on the terminal when serial)
-    local name="$1" title status=0 start="$SECONDS"
+for name in "${passes[@]}"; do
     title="title_$name"
-    echo "== $name: ${!title}" > "$logs/$name.log"
-    if [ "${LM_EVAL_PROBE_TEST_SERIAL:-}" = 1 ]; then
-        cat "$logs/$name.log"
-        "pass_$name" 2>&1 | tee -a "$logs/$name.log" || status=$?
-    else
-        "pass_$name" >> "$logs/$name.log" 2>&1 || status=$?
-    fi
+    echo "== $name: ${!title}" | tee "$logs/$name.log"
+    status=0 start="$SECONDS"
+    "pass_$name" 2>&1 | tee -a "$logs/$name.log" || status=$?
     echo "$status $((SECONDS - start))" > "$logs/$name.status"
-    if [ "$status" -eq 0 ]; then
-        echo "== $name passed in $((SECONDS - start)) s"
-    else
-        echo "== $name FAILED (pytest status $status) in $((SECONDS - start)) s: $logs/$name.log"
-    fi
-}
-
-run_lane() {  # run_lane "NAME NAME...": the passes one after another
-    local name
-    for name in $1; do
-        run_pass "$name"
-    done
-}
-
-if [ "${LM_EVAL_PROBE_TEST_SERIAL:-}" = 1 ]; then
-    for name in "${passes[@]}"; do
-        run_pass "$name"
-    done
-else
-    echo "== running ${#passes[@]} passes in ${#lanes[@]} lanes side by side; each pass's output in $logs/, printed below when all are done"
-    for lane in "${lanes[@]}"; do
-        run_lane "$lane" &
-    done
-    wait
-    for name in "${passes[@]}"; do
-        cat "$logs/$name.log"
-    done
-fi
+done
 
 failed=0
 echo "== summary"
 for name in "${passes[@]}"; do
-    status="no status: the pass did not finish" seconds="?"
-    [ -f "$logs/$name.status" ] && read -r status seconds < "$logs/$name.status"
+    read -r status seconds < "$logs/$name.status"
     if [ "$status" = 0 ]; then
         echo "   passed  $name (${seconds} s)"
     else
