@@ -25,6 +25,9 @@ from probe.runtime.log import forget_said
 from probe.runtime.replica_engine import Replica, _replica_generate, share
 from probe.runtime.replicas import TAG, Exchange, _say_unreached
 
+# Imports no lm-eval: run once, against 0.4.13 (scripts/test.sh).
+pytestmark = pytest.mark.release_independent
+
 MAX_TOKENS = 1024
 GEN_KWARGS = [{"until": ["\n\n"], "max_gen_toks": MAX_TOKENS}, {"until": ["Q:"], "max_gen_toks": MAX_TOKENS}]
 
