@@ -77,23 +77,20 @@ passes=(inferencex_flow inferencex 0492 0412 0413 0413_vllm)
 logs=.cache/test-logs
 rm -rf "$logs"
 mkdir -p "$logs"
+summary=() failed=0
 for name in "${passes[@]}"; do
     title="title_$name"
     echo "== $name: ${!title}" | tee "$logs/$name.log"
     status=0 start="$SECONDS"
     "pass_$name" 2>&1 | tee -a "$logs/$name.log" || status=$?
-    echo "$status $((SECONDS - start))" > "$logs/$name.status"
-done
-
-failed=0
-echo "== summary"
-for name in "${passes[@]}"; do
-    read -r status seconds < "$logs/$name.status"
     if [ "$status" = 0 ]; then
-        echo "   passed  $name (${seconds} s)"
+        summary+=("   passed  $name ($((SECONDS - start)) s)")
     else
-        echo "   FAILED  $name (${seconds} s, pytest status $status; its log: $logs/$name.log)"
+        summary+=("   FAILED  $name ($((SECONDS - start)) s, pytest status $status; its log: $logs/$name.log)")
         failed=1
     fi
 done
+
+echo "== summary"
+printf '%s\n' "${summary[@]}"
 exit "$failed"
