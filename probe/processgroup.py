@@ -23,6 +23,9 @@ from pathlib import Path
 
 # How often the detached remover looks again.
 _REMOVER_POLL_S = 0.5
+# How long after finding nothing we look once more before believing it: a process in the middle of
+# exec shows no environment (so no marker) for an instant, and a setsid one is then missed.
+_SECOND_LOOK_S = 0.2
 
 
 def signal_group(group: int, number: int) -> None:
@@ -69,16 +72,26 @@ def members(group: int, marker: str | None = None) -> list[str]:
     return sorted(found, key=lambda member: int(member.split()[0]))
 
 
+def settled_members(group: int, marker: str | None = None) -> list[str]:
+    """``members(group, marker)``, where an empty answer counts only once a second look, a moment
+    later, agrees with it."""
+    left = members(group, marker)
+    if not left:
+        time.sleep(_SECOND_LOOK_S)
+        left = members(group, marker)
+    return left
+
+
 def wait_until_empty(group: int, seconds: float, marker: str | None = None) -> list[str]:
-    """Wait up to ``seconds`` for ``members(group, marker)`` to be empty; the members left then."""
+    """Wait up to ``seconds`` for ``settled_members(group, marker)`` to be empty; the members left then."""
     deadline = time.monotonic() + seconds
-    while (left := members(group, marker)) and time.monotonic() < deadline:
+    while (left := settled_members(group, marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 
 
 def remove_when_empty(group: int, path: Path, marker: str | None = None) -> None:
-    """Have a detached process remove ``path`` once ``members(group, marker)`` is empty, so that
+    """Have a detached process remove ``path`` once ``settled_members(group, marker)`` is empty, so that
     those still running keep what they need there; this process need not stay."""
     subprocess.Popen(
         [sys.executable, "-I", __file__, str(group), str(path), *([] if marker is None else [marker])],
@@ -93,7 +106,7 @@ def _short(command: str, limit: int = 100) -> str:
 
 
 def _remove_when_empty(group: int, path: str, marker: str | None) -> None:
-    while members(group, marker):
+    while settled_members(group, marker):
         time.sleep(_REMOVER_POLL_S)
     shutil.rmtree(path, ignore_errors=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -149,6 +150,28 @@ def test_a_process_that_left_the_group_with_setsid_is_named_and_stays_probed(tmp
     assert eventually(seen.exists), "the detached process never ran probed"
     assert Path(seen.read_text()).parent.parent == tmp_path / "scratch"
     assert eventually(lambda: probe_sites(tmp_path) == []), "the probe's directory outlived the last process"
+
+
+def test_nothing_found_counts_only_once_a_second_look_agrees(tmp_path: Path) -> None:
+    # A process in the middle of exec shows no environment for an instant, so one look can miss
+    # the marker of a setsid process (CI: no warning, the site removed early). One that shows up
+    # just after the first look is still found.
+    marker = f"EVAL_PROBE_TEST_MARKER={tmp_path}"
+    env = {**os.environ, "EVAL_PROBE_TEST_MARKER": str(tmp_path)}
+    later = threading.Timer(0.05, lambda: started.append(subprocess.Popen(["sleep", "5"], env=env)))
+    started: list[subprocess.Popen] = []
+    ended = subprocess.Popen(["true"], start_new_session=True)
+    ended.wait()
+    unused_group = ended.pid  # its group ended with it
+    assert processgroup.members(unused_group, marker) == []
+    later.start()
+    try:
+        found = processgroup.settled_members(unused_group, marker)
+    finally:
+        later.join()
+        started[0].kill()
+        started[0].wait()
+    assert [m.split(" ", 1)[1] for m in found] == ["sleep 5 (outside its process group)"]
 
 
 def test_members_skips_zombies_of_a_group_and_the_remover_does_not_wait_for_them(tmp_path: Path) -> None:
