@@ -8,8 +8,12 @@
 # release, whose environment has it.
 #
 # One pass after another (side by side on 2 cores, the torch and vLLM passes ran 2.5-3x slower:
-# their threads spin against each other); each pass's output also goes to
-# .cache/test-logs/PASS.log, and a summary at the end gives each pass's result and seconds.
+# their threads spin against each other). Within a pass, the tests that run neither torch nor
+# vLLM run in two pytest-xdist workers, a test file to each (its module fixtures stay in one
+# worker): they spend their time in lm-eval's single-threaded start-up (its task index alone
+# takes 7-13 s per run) and in simulated servers, and two workers halved the 0.4.13 pass
+# (527 s to 264 s). Each pass's output also goes to .cache/test-logs/PASS.log, and a summary at
+# the end gives each pass's result and seconds.
 # Extra arguments go to every pytest run; a pass they leave without tests (pytest's status 5) then
 # counts as passed, while without them a pass that selects nothing fails.
 set -euo pipefail
@@ -21,6 +25,7 @@ echo "== lint (ruff)"
 .venv/bin/ruff format --check .
 
 extra=("$@")
+workers=(-n 2 --dist loadfile)  # pytest-xdist, for the passes without torch or vLLM
 pytest_in() {  # pytest_in VENV PYTEST-ARG...: one pytest run in VENV, with the extra arguments
     local venv="$1"
     shift
@@ -40,7 +45,7 @@ pass_inferencex_flow() {
 title_inferencex="every other test that touches lm-eval against InferenceX's lm-eval (b315ef3) over lm-eval 0.4.13's dependencies, as InferenceX installs it"
 pass_inferencex() {
     # Not the Hugging Face backend's tests (marker hf): InferenceX evaluates over HTTP only.
-    pytest_in .venv-inferencex -m "not vllm and not release_independent and not inferencex and not hf"
+    pytest_in .venv-inferencex "${workers[@]}" -m "not vllm and not release_independent and not inferencex and not hf"
 }
 # InferenceX's flow is left out below: InferenceX installs b315ef3, or 0.4.13 when that fails.
 # 0.4.9.2's API model, cache and vLLM modules are b315ef3's byte for byte, so this pass runs only
@@ -49,9 +54,12 @@ pass_inferencex() {
 # (the one environment with torch and transformers<5).
 title_0492="against the 0.4.9.2 release (the legacy command line, the eager model registry, --model hf)"
 pass_0492() {
+    local status=0
+    pytest_in .venv-lm-eval-0.4.9.2 "${workers[@]}" -m "not vllm and not release_independent and not inferencex" \
+        tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py tests/test_task_evidence.py || status=$?
     pytest_in .venv-lm-eval-0.4.9.2 -m "not vllm and not release_independent and not inferencex" \
-        tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py tests/test_task_evidence.py \
-        tests/test_hf.py tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py
+        tests/test_hf.py tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py || status=$?
+    return "$status"
 }
 # What differs in 0.4.12 is its API model: a static parse_generations, and null content as a cached
 # placeholder. So this pass runs the tests that drive lm-eval's API models in-process (generation,
@@ -60,13 +68,13 @@ pass_0492() {
 # Not the whole lm-eval command lines of streamed runs (marker slow) either.
 title_0412="against lm-eval 0.4.12 (a static parse_generations, and null content as a cached placeholder)"
 pass_0412() {
-    pytest_in .venv-lm-eval-0.4.12 -m "not vllm and not release_independent and not inferencex and not hf and not slow" \
+    pytest_in .venv-lm-eval-0.4.12 "${workers[@]}" -m "not vllm and not release_independent and not inferencex and not hf and not slow" \
         tests/test_probe_lm.py tests/test_gate_lm.py tests/test_stream_lm.py \
         tests/test_order.py tests/test_detector_probe.py tests/test_filing.py
 }
 title_0413="every test but the vLLM ones against lm-eval 0.4.13"
 pass_0413() {
-    pytest_in .venv -m "not vllm and not hf"
+    pytest_in .venv "${workers[@]}" -m "not vllm and not hf"
 }
 title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas over Ray) with lm-eval 0.4.13"
 pass_0413_vllm() {
