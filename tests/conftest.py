@@ -5,6 +5,7 @@ Helpers that tests import live in ``tests/support/``; this file holds fixtures o
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,23 @@ from support.procs import PROBE_VARS, probe_site
 from probe.demo.localtask import LocalTask, write_task
 from probe.demo.simserver import SimServer
 from probe.runtime import state
+
+
+def _one_core_per_worker() -> None:
+    """In each of several pytest-xdist workers (scripts/test.sh runs two), what a test starts
+    computes on that worker's own core: vLLM's CPU backend binds its OpenMP threads to every core,
+    and two engines (or torch runs) bound so spin against each other (2.5-3x slower side by side).
+    A value the caller set is kept."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not worker.startswith("gw") or not count.isdigit() or not 1 < int(count) <= len(cores):
+        return
+    core = cores[int(worker[2:]) % len(cores)]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(core))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+_one_core_per_worker()
 
 
 @pytest.fixture(autouse=True)
