@@ -5,15 +5,16 @@
 # there (see below); the same as b315ef3's but InferenceX's flow against 0.4.12; then every test
 # against lm-eval 0.4.13 (the end-to-end tests on real vLLM, served and in-process, included). The
 # tests on lm-eval's Hugging Face backend (marker hf) need torch: they run against the 0.4.9.2
-# release, whose environment has it.
+# release, whose environment has it, and against 0.4.13 in the vLLM environment (0.4.13 with torch).
 #
 # One pass after another (side by side on 2 cores, the torch and vLLM passes ran 2.5-3x slower:
-# their threads spin against each other). Within a pass, the tests that run neither torch nor
-# vLLM run in two pytest-xdist workers, a test file to each (its module fixtures stay in one
-# worker): they spend their time in lm-eval's single-threaded start-up (its task index alone
-# takes 7-13 s per run) and in simulated servers, and two workers halved the 0.4.13 pass
-# (527 s to 264 s). Each pass's output also goes to .cache/test-logs/PASS.log, and a summary at
-# the end gives each pass's result and seconds.
+# their threads spin against each other). Within a pass, tests run in two pytest-xdist workers, a
+# test file to each (its module fixtures stay in one worker), each worker's torch and vLLM on a
+# core of its own (tests/conftest.py): the tests spend much of their time in lm-eval's
+# single-threaded start-up (its task index alone takes 7-13 s per run) and in simulated servers.
+# Two workers took the 0.4.13 pass from 527 s to 248 s and the vLLM pass from 870 s to 607 s.
+# Each pass's output also goes to .cache/test-logs/PASS.log, and a summary at the end gives each
+# pass's result and seconds.
 # Extra arguments go to every pytest run; a pass they leave without tests (pytest's status 5) then
 # counts as passed, while without them a pass that selects nothing fails.
 set -euo pipefail
@@ -25,7 +26,10 @@ echo "== lint (ruff)"
 .venv/bin/ruff format --check .
 
 extra=("$@")
-workers=(-n 2 --dist loadfile)  # pytest-xdist, for the passes without torch or vLLM
+workers=(-n 2 --dist loadfile)  # pytest-xdist: two workers, each on a core of its own (tests/conftest.py)
+# The Hugging Face tests test by test: five whole lm-eval runs of test_hf.py would keep one worker
+# busy for three minutes while the other idles; each worker builds the module's models itself.
+hf_workers=(-n 2 --dist load)
 pytest_in() {  # pytest_in VENV PYTEST-ARG...: one pytest run in VENV, with the extra arguments
     local venv="$1"
     shift
@@ -57,7 +61,7 @@ pass_0492() {
     local status=0
     pytest_in .venv-lm-eval-0.4.9.2 "${workers[@]}" -m "not vllm and not release_independent and not inferencex" \
         tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py tests/test_task_evidence.py || status=$?
-    pytest_in .venv-lm-eval-0.4.9.2 -m "not vllm and not release_independent and not inferencex" \
+    pytest_in .venv-lm-eval-0.4.9.2 "${hf_workers[@]}" -m "not vllm and not release_independent and not inferencex" \
         tests/test_hf.py tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py || status=$?
     return "$status"
 }
@@ -76,11 +80,16 @@ title_0413="every test but the vLLM ones against lm-eval 0.4.13"
 pass_0413() {
     pytest_in .venv "${workers[@]}" -m "not vllm and not hf"
 }
+# lm-eval 0.4.13's Hugging Face backend, in the environment that has 0.4.13 and torch.
+title_0413_hf="lm-eval 0.4.13's Hugging Face backend (--model hf), in the vLLM environment (0.4.13 with torch)"
+pass_0413_hf() {
+    pytest_in .venv-vllm "${hf_workers[@]}" -m "hf and not vllm"
+}
 title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas over Ray) with lm-eval 0.4.13"
 pass_0413_vllm() {
-    LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" pytest_in .venv -m "vllm and not hf"
+    LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" pytest_in .venv "${workers[@]}" -m "vllm and not hf"
 }
-passes=(inferencex_flow inferencex 0492 0412 0413 0413_vllm)
+passes=(inferencex_flow inferencex 0492 0412 0413 0413_hf 0413_vllm)
 
 logs=.cache/test-logs
 rm -rf "$logs"
