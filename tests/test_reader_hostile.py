@@ -145,7 +145,8 @@ def test_pairing_trip_records_with_runs_is_linear() -> None:
         assert len(held.orphans) == n
         return elapsed
 
-    small, large = min(seconds(1000) for _ in range(5)), seconds(8000)
+    # The least of several timings of each size: a preempted run (another test on the other core) is noise.
+    small, large = min(seconds(1000) for _ in range(5)), min(seconds(8000) for _ in range(3))
     ratio = large / small
     assert ratio < 24, f"8x the records took {ratio:.1f}x the time (quadratic would be about 64x)"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from support.procs import PYTHON
@@ -152,25 +152,30 @@ def test_a_process_that_left_the_group_with_setsid_is_named_and_stays_probed(tmp
     assert eventually(lambda: probe_sites(tmp_path) == []), "the probe's directory outlived the last process"
 
 
-def test_nothing_found_counts_only_once_a_second_look_agrees(tmp_path: Path) -> None:
+def test_nothing_found_counts_only_once_a_second_look_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A process in the middle of exec shows no environment for an instant, so one look can miss
     # the marker of a setsid process (CI: no warning, the site removed early). One that shows up
-    # just after the first look is still found.
+    # between the first look and the second is found: here it starts during the pause itself.
     marker = f"EVAL_PROBE_TEST_MARKER={tmp_path}"
     env = {**os.environ, "EVAL_PROBE_TEST_MARKER": str(tmp_path)}
-    later = threading.Timer(0.05, lambda: started.append(subprocess.Popen(["sleep", "5"], env=env)))
-    started: list[subprocess.Popen] = []
     ended = subprocess.Popen(["true"], start_new_session=True)
     ended.wait()
     unused_group = ended.pid  # its group ended with it
-    assert processgroup.members(unused_group, marker) == []
-    later.start()
+    started: list[subprocess.Popen] = []
+
+    def pause(seconds: float) -> None:
+        started.append(subprocess.Popen(["sleep", "5"], env=env))
+        assert eventually(lambda: processgroup.members(unused_group, marker) != [])
+
+    monkeypatch.setattr(processgroup, "time", SimpleNamespace(sleep=pause, monotonic=time.monotonic))
     try:
+        assert processgroup.members(unused_group, marker) == []
         found = processgroup.settled_members(unused_group, marker)
     finally:
-        later.join()
-        started[0].kill()
-        started[0].wait()
+        for process in started:
+            process.kill()
+            process.wait()
+    assert len(started) == 1, "there was no second look"
     assert [m.split(" ", 1)[1] for m in found] == ["sleep 5 (outside its process group)"]
 
 
