@@ -136,7 +136,9 @@ except ModuleNotFoundError:  # Python 3.10: pip carries the same parser
     from pip._vendor import tomli as tomllib
 
 project = tomllib.loads(pathlib.Path("pyproject.toml").read_text(encoding="utf-8"))["project"]
-print("\n".join(r.replace(" ", "") for r in project["optional-dependencies"]["test"]))
+requirements = [r.replace(" ", "") for r in project["optional-dependencies"]["test"]]
+assert requirements, "pyproject.toml's test extra is empty"
+print("\n".join(requirements))
 PY
 }
 
@@ -182,12 +184,17 @@ add_lm_eval_to_vllm() {
     # lm-eval 0.4.13's Hugging Face backend is tested here too (the environment with 0.4.13 and
     # torch; in .venv, torch would make every lm-eval run import it to seed it): accelerate, and
     # the test extra's requirements, without this project (the tests import it from the tree).
-    local tools wanted
-    readarray -t tools < <(test_requirements)
-    wanted="$(printf '%s\n' accelerate "${tools[@]}" | sha256sum | cut -c1-16)"
+    # Read apart from the split: a failure inside "< <(...)" would not stop setup.
+    local text tools wanted torch_here
+    text="$(test_requirements)"
+    readarray -t tools <<< "$text"
+    # torch as it is: uv takes what is installed as a preference only, and a torch from the index
+    # would be another build under vLLM's.
+    torch_here="torch==$("$py" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+    wanted="$(printf '%s\n' accelerate "$torch_here" "${tools[@]}" | sha256sum | cut -c1-16)"
     if [ "$(cat .venv-vllm/.stamp-test 2>/dev/null)" != "$wanted" ]; then
         echo "setup: adding accelerate and the test tools to .venv-vllm"
-        install_into .venv-vllm accelerate "${tools[@]}"
+        install_into .venv-vllm accelerate "$torch_here" "${tools[@]}"
         echo "$wanted" > .venv-vllm/.stamp-test
     fi
     # lm-eval's vllm_causallms asks for the version of a distribution named "vllm" when it
