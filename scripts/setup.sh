@@ -166,17 +166,21 @@ make_venv() {  # make_venv DIR REQUIREMENT...
 find_uv
 make_venv .venv -e ".[test,bench]" "lm-eval[api]==0.4.13"
 
+installed_version() {  # installed_version PYTHON DISTRIBUTION: its version there; fails when absent
+    "$1" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$2"
+}
+
 add_lm_eval_to_vllm() {
     # Installed (or upgraded to the pin) into an existing environment as well, so that an
     # environment made before lm-eval was needed there is completed instead of remade.
     local py=.venv-vllm/bin/python
     local have
-    have="$("$py" -c 'import importlib.metadata as m; print(m.version("lm_eval"))' 2>/dev/null || true)"
+    have="$(installed_version "$py" lm_eval 2>/dev/null || true)"
     if [ "$have" != "${vllm_lm_eval#lm-eval==}" ]; then
         echo "setup: adding $vllm_lm_eval to .venv-vllm"
         install_into .venv-vllm "$vllm_lm_eval"
     fi
-    have="$("$py" -c 'import importlib.metadata as m; print(m.version("ray"))' 2>/dev/null || true)"
+    have="$(installed_version "$py" ray 2>/dev/null || true)"
     if [ "$have" != "${vllm_ray#ray==}" ]; then
         echo "setup: adding $vllm_ray to .venv-vllm"
         install_into .venv-vllm "$vllm_ray"
@@ -190,7 +194,7 @@ add_lm_eval_to_vllm() {
     readarray -t tools <<< "$text"
     # torch as it is: uv takes what is installed as a preference only, and a torch from the index
     # would be another build under vLLM's.
-    torch_here="torch==$("$py" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+    torch_here="torch==$(installed_version "$py" torch)"
     wanted="$(printf '%s\n' accelerate "$torch_here" "${tools[@]}" | sha256sum | cut -c1-16)"
     if [ "$(cat .venv-vllm/.stamp-test 2>/dev/null)" != "$wanted" ]; then
         echo "setup: adding accelerate and the test tools to .venv-vllm"
@@ -244,7 +248,7 @@ make_inferencex_venv() {
     # accelerate too, for lm-eval's Hugging Face backend.
     make_venv "$dir" "$torch" -e ".[test]" "lm-eval[api]==0.4.13" transformers accelerate
     local torch_version
-    torch_version="$("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+    torch_version="$(installed_version "$dir/bin/python" torch)"
     if [[ "$torch_version" != *+cpu ]]; then
         echo "setup: $dir got torch $torch_version, not the CPU build" >&2
         return 1
