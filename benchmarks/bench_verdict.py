@@ -13,7 +13,11 @@ time until lm-eval exits; for the probed runs also the time from the first reque
 trip, from the trip to lm-eval's exit, and the generate requests received after the trip.
 Measured first, straight against the server: one wave of MIN_SAMPLES concurrent
 full-length generations (what the slow start sends: the time one full-length generation
-takes there) and one wave of C.
+takes there) and one wave of C; before each looping model's run, how long the server takes
+to let in MIN_SAMPLES streamed requests sent at once (its own serial cost: the simulated
+server makes each request's whole answer as it arrives), beside how long the probed run's
+first MIN_SAMPLES took to arrive. ``--runs`` and ``--loops`` choose the runs; ``--seconds-per-token``
+sets the simulated clock (a real large model takes tens of milliseconds a token).
 
     python benchmarks/bench_verdict.py --server sim   # N=1319, C=64, M=16384, 0.25 ms/token
     python benchmarks/bench_verdict.py --server vllm --vllm-python .venv-vllm/bin/python
@@ -50,6 +54,8 @@ from probe.reader.verdict import classify  # noqa: E402
 from probe.runtime.contract import ENV_SLOW_START, Settings  # noqa: E402
 
 DEFAULTS = {"sim": (1319, 64, 16384), "vllm": (200, 64, 1024)}
+# The never-stopping model's runs: the slow start's knob for each (None: unprobed).
+RUNS: dict[str, str | None] = {"unprobed": None, "probed": "auto", "probed_slow_start_off": "off"}
 
 
 class Target:
@@ -104,6 +110,24 @@ async def _one_wave(base_url: str, model: str, concurrency: int, max_tokens: int
         started = time.monotonic()
         await asyncio.gather(*(one() for _ in range(concurrency)))
         return time.monotonic() - started
+
+
+async def _admission(target: Target, width: int, max_tokens: int) -> float:
+    """Seconds from the first to the last of ``width`` streamed requests sent at once as the server
+    records their arrival (each closed at its first chunk): the server's own serial cost of taking
+    requests in, which delays the last of the first MIN_SAMPLES streams whoever sends them."""
+    payload = {"model": target.model, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    seen = len(target.request_times())
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def one(index: int) -> None:
+            body = {**payload, "prompt": f"Question {index}: What is 1 + {index}?\nAnswer:"}
+            async with session.post(f"{target.base_url}/v1/completions", json=body) as response:
+                await response.content.readline()
+
+        await asyncio.gather(*(one(index) for index in range(width)))
+    arrivals = target.request_times()[seen:]
+    return max(arrivals) - min(arrivals)
 
 
 def _watch(target: Target, total: int, label: str, done: threading.Event, base: tuple[float, int]) -> None:
@@ -161,9 +185,12 @@ def evaluate(
         if sidecar.state != "valid":
             raise SystemExit(f"the probed run left no valid sidecar ({sidecar.state}); see {work / (label + '.log')}")
         tripped_at = sidecar.trip["tripped_at"]
-        times = target.request_times()[seen_before:]
+        times = sorted(target.request_times()[seen_before:])
         figures.update(
             trip_s=round(tripped_at - min(times), 2),
+            # When the last of the first MIN_SAMPLES requests reached the server: no trip can come
+            # before that request's stream has begun.
+            first_wave_arrived_s=round(times[min(len(times), Settings().min_samples) - 1] - times[0], 3),
             exit_after_trip_s=round(ended - tripped_at, 2),
             requests_after_trip=sum(1 for t in times if t > tripped_at),
             cancelled_in_flight=(sidecar.final or {}).get("cancelled_in_flight"),
@@ -180,6 +207,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, help="budget per request (default: 16384 sim, 1024 vllm)")
     parser.add_argument("--seconds-per-token", type=float, default=0.00025, help="the simulated token clock")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help="which of the never-stopping model's three runs to make (comma-separated, '' for none)",
+    )
     parser.add_argument(
         "--loops",
         default=",".join(LOOPS),
@@ -209,15 +241,16 @@ def main() -> None:
             "seconds_per_token": args.seconds_per_token if args.server == "sim" else None,
             "one_generation_s": round(waves[min_samples], 2),
             "one_wave_s": round(waves[args.concurrency], 2),
-            "unprobed": evaluate(target, args, work, "unprobed", None),
-            "probed": evaluate(target, args, work, "probed", "auto"),
-            "probed_slow_start_off": evaluate(target, args, work, "probed_slow_start_off", "off"),
             "loops": {},
         }
-        for mode in [m for m in args.loops.split(",") if m] if args.server == "sim" else []:
+        for run in _names(args.runs, RUNS):
+            result[run] = evaluate(target, args, work, run, RUNS[run])
+        for mode in _names(args.loops, LOOPS) if args.server == "sim" else []:
             looping = Target("sim", args, work, mode)
             try:
+                admission = asyncio.run(_admission(looping, min_samples, args.max_tokens))
                 result["loops"][mode] = evaluate(looping, args, work, f"probed_{mode}", "auto")
+                result["loops"][mode]["server_admission_s"] = round(admission, 3)
             finally:
                 looping.close()
     finally:
@@ -225,6 +258,15 @@ def main() -> None:
     print(_report(result))
     if args.json:
         print(json.dumps(result))
+
+
+def _names(text: str, known: Any) -> list[str]:
+    """The comma-separated names in ``text``, each one of ``known``, or exit saying which is not."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise SystemExit(f"unknown: {', '.join(unknown)} (choose from {', '.join(known)})")
+    return names
 
 
 def _saving(run: dict[str, Any], unprobed: dict[str, Any], key: str) -> str:
@@ -236,29 +278,37 @@ def check(ok: bool) -> str:
 
 
 def _report(r: dict[str, Any]) -> str:
-    u, p, off = r["unprobed"], r["probed"], r["probed_slow_start_off"]
     floor = r["min_samples"] * r["max_tokens"]
     one = r["one_generation_s"]
     lines = [
         f"server {r['server']}: N={r['n']}, C={r['concurrency']}, M={r['max_tokens']}, "
         f"one full-length generation (a wave of {r['min_samples']}) {one} s, a wave of C {r['one_wave_s']} s",
-        f"  unprobed: {u['tokens']:,} tokens, {u['requests']} requests, {u['wall_s']} s, verdict {u['verdict']}",
     ]
+    u, p, off = (r.get(run) for run in RUNS)
+    if u:
+        lines.append(
+            f"  unprobed: {u['tokens']:,} tokens, {u['requests']} requests, {u['wall_s']} s, verdict {u['verdict']}"
+        )
     for name, f in (("probed", p), ("probed, slow start off", off)):
-        lines += [
-            f"  {name}: {f['tokens']:,} tokens ({f['tokens'] / floor:.3f} x MIN_SAMPLES x M), {f['requests']} "
-            f"requests, {f['wall_s']} s, verdict {f['verdict']}; trip after {f['trip_s']} s "
-            f"({f['trip_s'] / one:.2f} x one generation), exit {f['exit_after_trip_s']} s after it, "
-            f"{f['requests_after_trip']} requests after it, {f['cancelled_in_flight']} cancelled in flight",
-        ]
-    lines += [
-        f"  targets (probed): tokens <= 1.15 x MIN_SAMPLES x M: {check(p['tokens'] <= 1.15 * floor)}; "
-        f"trip <= 1.2 x one generation: {check(p['trip_s'] <= 1.2 * one)}; "
-        f"lm-eval exits within 5 s of it: {check(p['exit_after_trip_s'] <= 5)}; "
-        f"no request after the trip: {check(p['requests_after_trip'] == 0)}",
-        f"  saving: tokens {_saving(p, u, 'tokens')} (slow start off: {_saving(off, u, 'tokens')}); "
-        f"wall time {_saving(p, u, 'wall_s')} (slow start off: {_saving(off, u, 'wall_s')})",
-    ]
+        if f:
+            lines.append(
+                f"  {name}: {f['tokens']:,} tokens ({f['tokens'] / floor:.3f} x MIN_SAMPLES x M), {f['requests']} "
+                f"requests, {f['wall_s']} s, verdict {f['verdict']}; trip after {f['trip_s']} s "
+                f"({f['trip_s'] / one:.2f} x one generation), exit {f['exit_after_trip_s']} s after it, "
+                f"{f['requests_after_trip']} requests after it, {f['cancelled_in_flight']} cancelled in flight"
+            )
+    if p:
+        lines.append(
+            f"  targets (probed): tokens <= 1.15 x MIN_SAMPLES x M: {check(p['tokens'] <= 1.15 * floor)}; "
+            f"trip <= 1.2 x one generation: {check(p['trip_s'] <= 1.2 * one)}; "
+            f"lm-eval exits within 5 s of it: {check(p['exit_after_trip_s'] <= 5)}; "
+            f"no request after the trip: {check(p['requests_after_trip'] == 0)}"
+        )
+    if u and p and off:
+        lines.append(
+            f"  saving: tokens {_saving(p, u, 'tokens')} (slow start off: {_saving(off, u, 'tokens')}); "
+            f"wall time {_saving(p, u, 'wall_s')} (slow start off: {_saving(off, u, 'wall_s')})"
+        )
     for mode, f in r.get("loops", {}).items():
         time_x, tokens_x = f["trip_s"] / one, f["tokens"] / floor
         # A loop must be caught by the detector; random text (no loop) by the cap rule, as before.
@@ -270,7 +320,8 @@ def _report(r: dict[str, Any]) -> str:
         lines.append(
             f"  {mode} (probed, streamed): trip after {f['trip_s']} s ({time_x:.3f} x one generation), "
             f"{f['tokens']:,} tokens ({tokens_x:.3f} x MIN_SAMPLES x M), cause {f['cause']}, {f['requests']} "
-            f"requests, verdict {f['verdict']}; {target}"
+            f"requests, verdict {f['verdict']}; {target}; the first {r['min_samples']} requests arrived over "
+            f"{f['first_wave_arrived_s']} s (a bare client's {r['min_samples']} at once: {f['server_admission_s']} s)"
         )
     return "\n".join(lines)
 
