@@ -54,7 +54,26 @@ def case(rng: random.Random) -> tuple[list[str], int, int]:
 @pytest.mark.parametrize("seed", range(CASES))
 def test_probed_answers_are_the_unprobed_ones_or_the_probes_blanks(echo_lm, seed, tmp_path, monkeypatch) -> None:
     prompts, batch, min_samples = case(random.Random(seed))
-    echo_lm.batch_size_per_gpu = batch
+    monkeypatch.setattr(echo_lm, "batch_size_per_gpu", batch)
+    check_answers(echo_lm, prompts, min_samples, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("seed", [0, 13])  # two of the cases that trip inside a batch (of 4 and of 3)
+def test_batch_size_auto_is_probed_as_the_batches_it_detects(echo_lm, seed, tmp_path, monkeypatch, capsys) -> None:
+    """``--batch_size auto``: lm-eval measures the largest batch (on CPU, ``max_batch_size``)
+    before it generates, and the probe follows the batches it then makes, tripping inside one."""
+    prompts, batch, min_samples = case(random.Random(seed))
+    monkeypatch.setattr(echo_lm, "batch_size_per_gpu", "auto")
+    monkeypatch.setattr(echo_lm, "max_batch_size", batch)
+    monkeypatch.setattr(echo_lm, "_max_length", 128)  # the size lm-eval tries batches at
+    group = check_answers(echo_lm, prompts, min_samples, tmp_path, monkeypatch)
+    assert f"Determined Largest batch size: {batch}" in capsys.readouterr().out
+    assert group.tripped and 0 < group.short_circuited < len(prompts)
+
+
+def check_answers(echo_lm: Any, prompts: list[str], min_samples: int, tmp_path: Any, monkeypatch: Any) -> Any:
+    """Unprobed, then probed at ``min_samples``: the same answers but the probe's blanks, each
+    request observed or blank; the probe's group for the prompts."""
     unprobed = echo_lm.generate_until(requests(prompts), disable_tqdm=True)
     monkeypatch.setenv(contract.ENV_MIN_SAMPLES, str(min_samples))
     monkeypatch.setenv(contract.ENV_MIN_MAX_TOKENS, "0")
@@ -79,3 +98,4 @@ def test_probed_answers_are_the_unprobed_ones_or_the_probes_blanks(echo_lm, seed
         assert group.tally.observed >= min_samples and (tmp_path / contract.SIDECAR_NAME).exists()
     else:
         assert list(probed) == list(unprobed) and not any(blank)
+    return group
