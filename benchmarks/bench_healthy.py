@@ -10,13 +10,16 @@
    ``HYPERLOOM_EVAL_PROBE_STREAM=--stream`` (default ``auto``: the probed runs stream). The token clock is set per
    run so that the generation takes about ``--gen-seconds`` (more concurrency, slower
    clock): the lm-eval start-up, the same in both arms, is then a fixed share of each run.
+   ``--extra-arms detector_off,stream_off`` adds probed arms with the loop detector off and
+   with nothing streamed, alternated with the two in the same repetitions.
 2. ``python -X importtime -c pass`` under PYTHONDONTWRITEBYTECODE=1 (as InferenceX sets it)
    with the probe's sitecustomize.py, ``--startup-runs`` times: the median time of the
    ``sitecustomize`` import (the text the patcher injects, and the chaining variant), next to
    a one-line sitecustomize.py, and every module it imported (must be standard library).
 
     python benchmarks/bench_healthy.py [--n 1319] [--concurrency 16,64,256]
-        [--profiles lognormal,reasoning] [--reps 3] [--slow-start on] [--stream auto] [--json]
+        [--profiles lognormal,reasoning] [--reps 3] [--slow-start on] [--stream auto]
+        [--extra-arms detector_off,stream_off] [--json]
 """
 
 from __future__ import annotations
@@ -44,7 +47,11 @@ from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.simserver import LENGTHS, SimServer  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
-from probe.runtime.contract import ENV_SLOW_START, ENV_STREAM  # noqa: E402
+from probe.runtime.contract import ENV_DETECTOR, ENV_SLOW_START, ENV_STREAM  # noqa: E402
+
+# More probed arms, each alternated with the others in the same repetitions: what the probed
+# arm's settings become in each (to tell the stream parsing's cost from the loop detector's).
+EXTRA_ARMS = {"detector_off": {ENV_DETECTOR: "off"}, "stream_off": {ENV_STREAM: "off"}}
 
 
 def mean_tokens(profile: str) -> float:
@@ -58,14 +65,15 @@ def healthy_runs(
 ) -> dict[str, Any]:
     """One profile at one concurrency: unprobed and probed alternating, ``args.reps`` each."""
     clock = args.gen_seconds * concurrency / (args.n * mean_tokens(profile))
-    walls: dict[str, list[float]] = {"unprobed": [], "probed": []}
+    labels = ("unprobed", "probed", *args.extra_arms)
+    walls: dict[str, list[float]] = {label: [] for label in labels}
     # From the first generate request to the last answer: the wall time without lm-eval's
     # start-up and scoring, i.e. the part the slow start can change, as in a long real run.
-    spans: dict[str, list[float]] = {"unprobed": [], "probed": []}
+    spans: dict[str, list[float]] = {label: [] for label in labels}
     answers: dict[str, list] = {}
-    scores: dict[str, set] = {"unprobed": set(), "probed": set()}
+    scores: dict[str, set] = {label: set() for label in labels}
     with SimServer("healthy", seconds_per_token=clock, lengths=profile) as server:
-        jobs = [(rep, label) for rep in range(args.reps) for label in ("unprobed", "probed")]
+        jobs = [(rep, label) for rep in range(args.reps) for label in labels]
         for rep, label in tqdm(jobs, desc=f"healthy {profile} C={concurrency}", file=sys.stderr):
             output = work / f"{profile}-{concurrency}-{label}-{rep}"
             command = task.lm_eval_command(
@@ -73,9 +81,10 @@ def healthy_runs(
             )
             env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}
             env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", RESULT_DIR=str(output))
-            env["PYTHONPATH"] = str(site) if label == "probed" else ""
+            env["PYTHONPATH"] = str(site) if label != "unprobed" else ""
             env[ENV_SLOW_START] = args.slow_start
             env[ENV_STREAM] = args.stream
+            env.update(EXTRA_ARMS.get(label, {}))
             seen = server.snapshot()["generate_requests"]
             started = time.monotonic()
             subprocess.run(command, env=env, check=True, capture_output=True)
@@ -102,6 +111,14 @@ def healthy_runs(
         "span_ratio_median": round(span_ratio, 4),
         "identical_answers": answers["probed"] == answers["unprobed"],
         "scores": {k: sorted(v) for k, v in scores.items()},
+        "arms": {
+            label: {
+                "span_s": [round(w, 2) for w in spans[label]],
+                "span_ratio_median": round(statistics.median(spans[label]) / statistics.median(spans["unprobed"]), 4),
+                "identical_answers": answers[label] == answers["unprobed"],
+            }
+            for label in args.extra_arms
+        },
     }
 
 
@@ -144,10 +161,18 @@ def main() -> None:
     parser.add_argument("--gen-seconds", type=float, default=10.0, help="generation time per run the clock aims at")
     parser.add_argument("--slow-start", default="on", help="HYPERLOOM_EVAL_PROBE_SLOW_START for the probed runs")
     parser.add_argument("--stream", default="auto", help="HYPERLOOM_EVAL_PROBE_STREAM for the probed runs")
+    parser.add_argument(
+        "--extra-arms",
+        default="",
+        help=f"more probed arms, comma-separated, alternated with the others: {', '.join(EXTRA_ARMS)}",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--startup-runs", type=int, default=30)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    args.extra_arms = [arm for arm in args.extra_arms.split(",") if arm]
+    if unknown := [arm for arm in args.extra_arms if arm not in EXTRA_ARMS]:
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(EXTRA_ARMS)}")
     work = Path(tempfile.mkdtemp(prefix="bench-healthy-"))
     task = write_task(work / "task", args.n)
     site = work / "site"
@@ -165,6 +190,7 @@ def main() -> None:
         "reps": args.reps,
         "slow_start": args.slow_start,
         "stream": args.stream,
+        "extra_arms": args.extra_arms,
         "healthy": healthy,
         "healthy_minutes": round((time.monotonic() - started) / 60, 1),
         "startup": startup(args, work),
@@ -178,6 +204,9 @@ def main() -> None:
               f"median ratio {h['wall_ratio_median']} (target <= 1.02); generation spans: unprobed "
               f"{h['unprobed_span_s']} s, probed {h['probed_span_s']} s, median ratio {h['span_ratio_median']}; "
               f"identical answers {h['identical_answers']}; scores {h['scores']}")  # fmt: skip
+        for arm, a in h["arms"].items():
+            print(f"    {arm}: spans {a['span_s']} s, median ratio {a['span_ratio_median']}, "
+                  f"identical answers {a['identical_answers']}")  # fmt: skip
     s = result["startup"]
     print(f"start-up (median of {s['runs']} runs of python3 -X importtime -c pass, PYTHONDONTWRITEBYTECODE=1):")
     for name in ("one_line", "probe_patch_mode", "probe_standalone"):
