@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed
+from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed, unstreamed_answer
 
 # Imports no lm-eval: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent
@@ -206,6 +206,29 @@ def test_comments_crlf_bytes_and_a_missing_final_blank_line_are_read() -> None:
 )
 def test_only_payloads_with_one_plain_choice_per_prompt_are_streamed(payload: Any, n: int | None) -> None:
     assert streamable(payload) == n
+
+
+@given(responses())
+def test_any_unstreamed_response_sent_instead_of_a_stream_is_taken_for_the_answer(response: dict[str, Any]) -> None:
+    assert unstreamed_answer(response, len(response["choices"]))
+    assert not unstreamed_answer(response, len(response["choices"]) + 1)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error": {"message": "stream_options is not supported"}},
+        {"object": "error", "message": "bad", "choices": [{"index": 0, "finish_reason": "stop"}]},
+        {"object": "text_completion", "choices": [{"index": 0, "text": "half", "finish_reason": None}]},
+        {"object": "text_completion", "choices": [{"index": 1, "text": "x", "finish_reason": "stop"}]},
+        {"object": "text_completion", "choices": "x"},
+        {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        [],
+        None,
+    ],
+)
+def test_a_json_reply_that_is_not_a_whole_answer_is_not_taken_for_one(body: Any) -> None:
+    assert not unstreamed_answer(body, 1)
 
 
 def test_a_streamed_payload_asks_for_usage_and_leaves_the_original_alone() -> None:

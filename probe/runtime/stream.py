@@ -253,3 +253,19 @@ def streamable(payload: Any) -> int | None:
 def streamed(payload: dict[str, Any]) -> dict[str, Any]:
     """``payload`` asking for a stream that ends with a usage chunk."""
     return {**payload, "stream": True, "stream_options": {"include_usage": True}}
+
+
+def unstreamed_answer(body: Any, n_choices: int) -> bool:
+    """Whether ``body``, the JSON a server sent back instead of a stream, is the unstreamed
+    response itself (the server ignored ``stream``): a completion or chat completion with
+    ``n_choices`` choices, indexed in order, each of them ended. Anything else (an error, a
+    partial body) is not taken for an answer."""
+    if not isinstance(body, dict) or body.get("object") not in ("text_completion", "chat.completion"):
+        return False
+    choices = body.get("choices")
+    if not isinstance(choices, list) or len(choices) != n_choices:
+        return False
+    return all(
+        isinstance(choice, dict) and choice.get("index") == index and choice.get("finish_reason") is not None
+        for index, choice in enumerate(choices)
+    )

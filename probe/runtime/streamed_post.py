@@ -7,8 +7,11 @@ feeds each choice's new text to the probe as it arrives, and hands lm-eval a res
 ``json()`` is the reassembled unstreamed body. When the stream cannot be reassembled with
 certainty (a refusal, a reply that is not a stream, an event it does not know, no usage), it
 sends the ordinary request instead and hands lm-eval that response, untouched; this is said
-once per server and reason. Under ``auto``, a server whose ordinary request succeeded after
-such a fallback is not streamed again in this process; under ``on`` every request tries.
+once per server and reason. A server that ignores ``stream`` and sends the whole unstreamed
+response as JSON has answered already: that answer goes to lm-eval as it came, and nothing is
+sent twice. Under ``auto``, a server whose ordinary request succeeded after such a fallback,
+or that ignored ``stream``, is not streamed again in this process; under ``on`` every request
+tries.
 A transport error or a timeout propagates as it would unstreamed: lm-eval retries.
 """
 
@@ -20,7 +23,7 @@ from typing import Any
 
 from probe.runtime.contract import ENV_STREAM
 from probe.runtime.groups import Request
-from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed
+from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed, unstreamed_answer
 
 # Servers (by URL) that could not be streamed under ``auto``: each is asked once.
 _NOT_STREAMED: set[str] = set()
@@ -43,6 +46,10 @@ class Reassembled:
 
     def raise_for_status(self) -> None:
         return None
+
+
+class AnsweredUnstreamed(Reassembled):
+    """The unstreamed response a server sent though asked to stream, as it came."""
 
 
 class StreamingSession:
@@ -79,6 +86,16 @@ class _StreamedPost:
     async def __aenter__(self) -> Any:
         owner = self._owner
         outcome = await self._stream()
+        if isinstance(outcome, AnsweredUnstreamed):
+            if owner._mode == "auto":
+                _NOT_STREAMED.add(str(self._url))
+            again = ", not streaming to it again" if owner._mode == "auto" else ""
+            owner._probe.errors.once(
+                f"stream:{self._url}:unstreamed",
+                f"{self._url} answered a streamed request unstreamed (it ignores stream); its answer is used "
+                f"as it came{again} ({ENV_STREAM}={owner._mode})",
+            )
+            return outcome
         if isinstance(outcome, Reassembled):
             return outcome
         self._ordinary = owner._session.post(self._url, json=self._payload, **self._kwargs)
@@ -99,15 +116,18 @@ class _StreamedPost:
         return False
 
     async def _stream(self) -> Reassembled | str:
-        """The reassembled response, or why there is none."""
+        """The reassembled response (or the unstreamed one the server sent instead), or why there is none."""
         owner = self._owner
         async with owner._session.post(self._url, json=streamed(self._payload), **self._kwargs) as response:
             complete = False
             try:
                 if not response.ok:
                     return f"status {response.status}"
-                if "text/event-stream" not in response.headers.get("Content-Type", ""):
-                    return "a reply that is not a stream"
+                kind = response.headers.get("Content-Type", "")
+                if "text/event-stream" not in kind:
+                    answer = await _json_answer(response, kind, self._n_choices)
+                    complete = answer is not None
+                    return answer or "a reply that is not a stream"
                 body = await self._read(response)
                 complete = True
                 return body
@@ -134,3 +154,15 @@ class _StreamedPost:
         for data in lines.flush():
             whole.add_event(data)
         return Reassembled(whole.response())
+
+
+async def _json_answer(response: Any, kind: str, n_choices: int) -> AnsweredUnstreamed | None:
+    """The unstreamed response in a JSON reply to a streamed request, or None when it is not one
+    (lm-eval reads only ``application/json`` bodies, as aiohttp's ``json()`` does)."""
+    if "application/json" not in kind:
+        return None
+    try:
+        body = json.loads(await response.read())
+    except ValueError:
+        return None
+    return AnsweredUnstreamed(body) if unstreamed_answer(body, n_choices) else None
