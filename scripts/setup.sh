@@ -94,8 +94,16 @@ find_uv() {
 }
 
 install_into() {  # install_into DIR ARG...: what `pip install ARG...` installs, into DIR's environment
-    local dir="$1"
+    local dir="$1" info
     shift
+    # An install that was stopped can leave a package's dist-info without METADATA, and no
+    # installer reads past it ("Failed to read metadata"): without it, the package counts as absent.
+    for info in "$dir"/lib/python*/site-packages/*.dist-info; do
+        if [ -d "$info" ] && [ ! -e "$info/METADATA" ]; then
+            echo "setup: removing $info (no METADATA: left by an install that was stopped)"
+            rm -rf "$info"
+        fi
+    done
     if [ -n "$uv" ]; then
         # --compile-bytecode: as pip does; lm-eval runs under PYTHONDONTWRITEBYTECODE=1 (InferenceX
         # sets it) would otherwise compile every module from source, every run.
