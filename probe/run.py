@@ -77,9 +77,9 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
         )
         if ran is None:
             return 127
-        status, group, left_behind = ran
+        status, group, followed, left_behind = ran
         if left_behind:
-            processgroup.remove_when_empty(group, site, str(site))
+            processgroup.remove_when_empty(group, site, str(site), followed)
             _say(_left_behind_warning(left_behind, site, result))
         line = summary(result, report, -status if status < 0 else None, started, len(left_behind))
         if made is not None and any(made.iterdir()):
@@ -146,10 +146,11 @@ class _Forwarder:
 
 def _run_forwarding_signals(
     command: list[str], env: dict[str, str], started: str, marker: str, forwarder: _Forwarder
-) -> tuple[int, int, list[str]] | None:
+) -> tuple[int, int, set[int], list[str]] | None:
     """Run ``command``; None if it could not start, else its exit status (negative: the signal
-    that ended it), its process group, and the processes still running once it and a short grace
-    period have ended: those of its group, and those whose environment holds ``marker``."""
+    that ended it), its process group, the groups of the processes found outside it, and the
+    processes still running once it and a short grace period have ended: those of its group (and
+    of those groups), and those whose environment holds ``marker``."""
     try:
         # Its own session, so its own process group: a terminal's Ctrl-C reaches it once, through
         # us, and what we pass on reaches everything it started (bash -c "python -m lm_eval ...").
@@ -161,7 +162,8 @@ def _run_forwarding_signals(
     group = child.pid  # a session leader leads its group; the id stays its while a member lives
     forwarder.started(group)  # a signal that came while it was being started goes to it now
     status = child.wait()
-    return status, group, processgroup.wait_until_empty(group, _GRACE_S, marker)
+    followed: set[int] = set()  # the groups of processes that left it (setsid), once seen
+    return status, group, followed, processgroup.wait_until_empty(group, _GRACE_S, marker, followed)
 
 
 def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:

@@ -179,6 +179,36 @@ def test_nothing_found_counts_only_once_a_second_look_agrees(tmp_path: Path, mon
     assert [m.split(" ", 1)[1] for m in found] == ["sleep 5 (outside its process group)"]
 
 
+# Each process starts the next and ends (after $1 seconds), until the stop file ($0) appears: a
+# listing of /proc can miss all of them, the one it listed having ended and the next started after.
+CHAIN = 'h() { [ -e "$0" ] && exit; sleep "$1"; h & }; h'
+
+
+@pytest.mark.parametrize("setsid", [False, True])
+def test_a_chain_of_processes_that_start_and_end_while_proc_is_read_is_never_taken_for_none(
+    tmp_path: Path, setsid: bool
+) -> None:
+    # Before: a look often found nothing, and the probe's directory went while the chain ran.
+    stop, marker = tmp_path / "stop", f"EVAL_PROBE_TEST_MARKER={tmp_path}"
+    env = {**os.environ, "EVAL_PROBE_TEST_MARKER": str(tmp_path)}
+    # Outside the group, a process is found by its marker only where a look shows it alive: each
+    # then lives 20 ms, enough to be seen once; after that its own group is watched, exactly.
+    shell = ["setsid", "bash", "-c", CHAIN, str(stop), "0.02"] if setsid else ["bash", "-c", CHAIN, str(stop), "0"]
+    leader = subprocess.Popen(shell, start_new_session=True, env=env)
+    followed: set[int] = set()
+    try:
+        if setsid:
+            assert eventually(lambda: processgroup.members(leader.pid, marker, followed) != [])
+            assert len(followed) == 1
+        looks = [processgroup.members(leader.pid, marker, followed) for _ in range(40)]
+        assert all(looks), f"{sum(1 for look in looks if not look)} of 40 looks found nothing"
+        assert all(m.endswith("(outside its process group)") for look in looks for m in look) == setsid
+    finally:
+        stop.touch()
+    assert eventually(lambda: processgroup.members(leader.pid, marker, followed) == [])
+    leader.wait()
+
+
 def test_members_skips_zombies_of_a_group_and_the_remover_does_not_wait_for_them(tmp_path: Path) -> None:
     # A group whose only process left is a zombie nobody reaps: nothing runs there any more.
     site = tmp_path / "site"
@@ -213,7 +243,8 @@ def summary(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
     return real_summary(*args, **kwargs)
 module.subprocess.Popen, module.summary, module.sitecustomize_text = popen, summary, text
-shell = "exit 0" if when == "during-summary" else "sleep 30.25 & wait"
+# A sleep of its own for each case: another case may run beside it (pytest-xdist).
+shell = "exit 0" if when == "during-summary" else f"sleep 30.2{len(when)} & wait"
 sys.exit(module.run(["bash", "-c", shell], os.path.join(scratch, "r")))
 """
 
@@ -236,7 +267,7 @@ def test_a_signal_at_any_moment_leaves_nothing_behind(tmp_path: Path, when: str)
         assert "summary:" in proc.stderr and "SIGTERM" in proc.stderr
     else:
         assert proc.returncode == 0 or proc.returncode == 128 + signal.SIGTERM, proc.stderr
-    assert not [line for line in running() if "sleep 30.25" in line]
+    assert not [line for line in running() if f"sleep 30.2{len(when)}" in line]
 
 
 def running() -> list[str]:
