@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -71,9 +72,17 @@ calls = st.integers(1, 40).flatmap(
 )
 
 
+@pytest.fixture(scope="module")
+def restored_environ() -> Any:
+    """os.environ as it was once the module's tests are done (hypothesis's examples set RESULT_DIR
+    each, and a function-scoped monkeypatch would outlive none of them)."""
+    with mock.patch.dict(os.environ):
+        yield
+
+
 @settings(max_examples=30, deadline=None)
 @given(call=calls)
-def test_what_the_replicas_report_is_what_one_engine_would_have_shown(tmp_path_factory, call) -> None:
+def test_what_the_replicas_report_is_what_one_engine_would_have_shown(tmp_path_factory, restored_environ, call) -> None:
     groups, reasons, replica_of, order = call
     tasks = [f"task{g}" for g in groups]
     directory = str(tmp_path_factory.mktemp("exchange"))
