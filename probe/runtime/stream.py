@@ -258,14 +258,15 @@ def streamed(payload: dict[str, Any]) -> dict[str, Any]:
 def unstreamed_answer(body: Any, n_choices: int) -> bool:
     """Whether ``body``, the JSON a server sent back instead of a stream, is the unstreamed
     response itself (the server ignored ``stream``): a completion or chat completion with
-    ``n_choices`` choices, indexed in order, each of them ended. Anything else (an error, a
-    partial body) is not taken for an answer."""
+    ``n_choices`` choices, each of them ended, their indices each of ``0 .. n_choices - 1`` once
+    (lm-eval and the probe place a choice by its index). Anything else (an error, a partial
+    body) is not taken for an answer."""
     if not isinstance(body, dict) or body.get("object") not in ("text_completion", "chat.completion"):
         return False
     choices = body.get("choices")
     if not isinstance(choices, list) or len(choices) != n_choices:
         return False
-    return all(
-        isinstance(choice, dict) and choice.get("index") == index and choice.get("finish_reason") is not None
-        for index, choice in enumerate(choices)
-    )
+    if not all(isinstance(choice, dict) and choice.get("finish_reason") is not None for choice in choices):
+        return False
+    indices = [choice.get("index") for choice in choices]
+    return all(type(i) is int for i in indices) and sorted(indices) == list(range(n_choices))

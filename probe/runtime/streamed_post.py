@@ -123,9 +123,8 @@ class _StreamedPost:
             try:
                 if not response.ok:
                     return f"status {response.status}"
-                kind = response.headers.get("Content-Type", "")
-                if "text/event-stream" not in kind:
-                    answer = await _json_answer(response, kind, self._n_choices)
+                if "text/event-stream" not in response.headers.get("Content-Type", "").lower():
+                    answer = await _json_answer(response, self._n_choices)
                     complete = answer is not None
                     return answer or "a reply that is not a stream"
                 body = await self._read(response)
@@ -156,13 +155,13 @@ class _StreamedPost:
         return Reassembled(whole.response())
 
 
-async def _json_answer(response: Any, kind: str, n_choices: int) -> AnsweredUnstreamed | None:
-    """The unstreamed response in a JSON reply to a streamed request, or None when it is not one
-    (lm-eval reads only ``application/json`` bodies, as aiohttp's ``json()`` does)."""
-    if "application/json" not in kind:
-        return None
+async def _json_answer(response: Any, n_choices: int) -> AnsweredUnstreamed | None:
+    """The unstreamed response in a reply to a streamed request that is not a stream, read as
+    lm-eval reads a response (aiohttp's ``json()``: its content-type check, the charset the
+    header names, no byte-order mark), or None when it is not one: the ordinary request that
+    follows then gets lm-eval whatever it would have got, an error included."""
     try:
-        body = json.loads(await response.read())
-    except ValueError:
+        body = await response.json()
+    except Exception:  # aiohttp's ContentTypeError, a decode error: whatever it is, not an answer
         return None
     return AnsweredUnstreamed(body) if unstreamed_answer(body, n_choices) else None
