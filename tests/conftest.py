@@ -5,12 +5,20 @@ Helpers that tests import live in ``tests/support/``; this file holds fixtures o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# Imported now, as pytest starts: hypothesis's pytest plugin imports it at the end of a session
+# where no test did (pytest-xdist's controller, a pass without property tests), and pytest then
+# rewrites its modules from deep inside the terminal summary, where CPython 3.11.7 fails at times
+# with "SystemError: AST constructor recursion depth mismatch" after every test passed (status 1).
+with contextlib.suppress(ImportError):
+    import hypothesis  # noqa: F401
 from support.inferencex import FIXTURES, SHAPES
 from support.lm import probe_installed
 from support.procs import PROBE_VARS, probe_site
