@@ -4,6 +4,7 @@ decides, and a trip closes the streams in flight so that the server stops genera
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -99,6 +100,26 @@ def test_what_cannot_be_streamed_falls_back_to_one_ordinary_request_or_none(
         # auto: the server is not streamed again after its first fallback (two were in flight).
         assert attempts <= (0 if quirk == "refuse" else 2)
     assert said.count("could not be reassembled") == 1
+
+
+@pytest.mark.parametrize("knob", ["auto", "on"])
+def test_a_reply_cut_short_while_read_fails_as_unstreamed_and_is_sent_once(sim, result_dir, monkeypatch, knob) -> None:
+    # A JSON reply whose connection drops while its body is read: before, the probe took that
+    # for "not an answer" and sent the request again at once, each of lm-eval's retries twice.
+    monkeypatch.setenv(ENV_STREAM, knob)
+    server = sim("healthy", stream_quirk="json_cut")
+    outcomes = {}
+    for arm in ("plain", "probed"):
+        before = server.snapshot()["generate_requests"]
+        with probe_installed() if arm == "probed" else contextlib.nullcontext():
+            try:
+                outcomes[arm] = ("answers", generate(completions(server.base_url, num_concurrent=2), 1))
+            except Exception as error:  # lm-eval gives up after its retries
+                outcomes[arm] = ("error", type(error).__name__)
+        outcomes[arm] += (server.snapshot()["generate_requests"] - before,)
+    # One request (more would race each other's retries): each of lm-eval's attempts sent once.
+    assert outcomes["probed"] == outcomes["plain"]
+    assert outcomes["plain"][2] > 1  # lm-eval retried: the reply was an error to it
 
 
 def test_with_the_knob_off_nothing_is_streamed(sim, result_dir, monkeypatch) -> None:

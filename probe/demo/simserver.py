@@ -33,8 +33,10 @@ its ``finish_reason``, a usage chunk when ``stream_options.include_usage`` asks,
 ``reasoning`` mode) the thinking comes first as ``reasoning_field`` deltas. The chunks
 reassemble into exactly the unstreamed body. ``stream_quirk`` makes a server that cannot be
 streamed: ``refuse`` (400 to any ``stream_options``), ``no_usage``, ``error_event`` (an error
-chunk after the first text), ``unknown_field`` (a choice with a field nobody knows) or
-``json`` (answers unstreamed).
+chunk after the first text), ``unknown_field`` (a choice with a field nobody knows),
+``json`` (answers unstreamed) or ``json_cut`` (answers every generate request, streamed or
+not, as JSON whose body ends 50 bytes before its Content-Length says, then drops the
+connection: a transport error while the body is read).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
@@ -68,7 +70,7 @@ LOOPS = ("loop_short", "loop_paragraph", "loop_near", "random")
 MODES = (
     "never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed", *LOOPS,
 )  # fmt: skip
-STREAM_QUIRKS = (None, "refuse", "no_usage", "error_event", "unknown_field", "json")
+STREAM_QUIRKS = (None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut")
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
 STREAM_TICK = 0.01
@@ -290,6 +292,8 @@ class SimServer:
         kind = "chat.completion" if chat else "text_completion"
         body = {"id": "sim", "object": kind, "model": payload.get("model"), "choices": choices, "usage": usage}
         try:
+            if self.stream_quirk == "json_cut":
+                return await _cut_short(request, body)
             if stream and self.stream_quirk != "json":
                 return await self._stream(request, payload, body, [tokens for _, tokens, _ in plans], stretch)
             await self._generate(longest * stretch, sum(tokens for _, tokens, _ in plans))
@@ -522,6 +526,18 @@ def _next_wake(
         else:
             waits.append(max(clock - elapsed, 0.0))
     return min(waits, default=0.0)
+
+
+async def _cut_short(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """``body`` as JSON that promises 50 bytes more than it sends, then the connection dropped."""
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(data) + 50)}
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    await response.write(data)
+    if request.transport is not None:
+        request.transport.close()
+    return response
 
 
 def _is_response(body: Any) -> bool:

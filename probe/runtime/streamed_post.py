@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 from probe.runtime.contract import ENV_STREAM
@@ -160,8 +161,12 @@ async def _json_answer(response: Any, n_choices: int) -> AnsweredUnstreamed | No
     lm-eval reads a response (aiohttp's ``json()``: its content-type check, the charset the
     header names, no byte-order mark), or None when it is not one: the ordinary request that
     follows then gets lm-eval whatever it would have got, an error included."""
+    # aiohttp is lm-eval's, already imported by the time a response exists (the runtime imports
+    # none of its own); its ContentTypeError is "not JSON", as a decode error is. A timeout or a
+    # connection lost while the body is read propagates, as it would unstreamed.
+    not_json = (ValueError, getattr(sys.modules.get("aiohttp"), "ContentTypeError", ValueError))
     try:
         body = await response.json()
-    except Exception:  # aiohttp's ContentTypeError, a decode error: whatever it is, not an answer
+    except not_json:
         return None
     return AnsweredUnstreamed(body) if unstreamed_answer(body, n_choices) else None
