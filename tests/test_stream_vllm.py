@@ -162,4 +162,6 @@ def test_a_closed_stream_is_aborted_by_vllm(echo) -> None:
     assert after["finished_length"] == before["finished_length"]
     generated = after["generation_tokens"] - before["generation_tokens"]
     assert 0 < generated < 1900
-    assert vllm_metrics(echo.base_url)["generation_tokens"] == after["generation_tokens"]  # it stopped
+    # It stopped: a moment later the count has not moved on but for a counter catching up a step
+    # (CI: 54, then 55), where a generation still running would add hundreds of tokens.
+    assert vllm_metrics(echo.base_url)["generation_tokens"] - after["generation_tokens"] <= 8
