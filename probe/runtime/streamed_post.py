@@ -88,28 +88,26 @@ class _StreamedPost:
         owner = self._owner
         outcome = await self._stream()
         if isinstance(outcome, AnsweredUnstreamed):
-            if owner._mode == "auto":
-                _NOT_STREAMED.add(str(self._url))
-            again = ", not streaming to it again" if owner._mode == "auto" else ""
-            owner._probe.errors.once(
-                f"stream:{self._url}:unstreamed",
-                f"{self._url} answered a streamed request unstreamed (it ignores stream); its answer is used "
-                f"as it came{again} ({ENV_STREAM}={owner._mode})",
-            )
+            answered = f"{self._url} answered a streamed request unstreamed (it ignores stream); its answer is used"
+            answered += " as it came"
+            self._settle("unstreamed", answered, "", stop=True)
             return outcome
         if isinstance(outcome, Reassembled):
             return outcome
         self._ordinary = owner._session.post(self._url, json=self._payload, **self._kwargs)
         response = await self._ordinary.__aenter__()
-        if owner._mode == "auto" and response.ok:
-            _NOT_STREAMED.add(str(self._url))
-        then = "not streaming to it again" if owner._mode == "auto" else "each request tries again"
-        owner._probe.errors.once(
-            f"stream:{self._url}:{outcome.split(':')[0]}",
-            f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed, "
-            f"{then} ({ENV_STREAM}={owner._mode})",
-        )
+        failed = f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed"
+        self._settle(outcome.split(":")[0], failed, ", each request tries again", stop=response.ok)
         return response
+
+    def _settle(self, reason: str, said: str, under_on: str, stop: bool) -> None:
+        """Say once per server and ``reason`` what happened (``said``, then what comes next);
+        under ``auto``, with ``stop``, stream to this server no more."""
+        mode = self._owner._mode
+        if mode == "auto" and stop:
+            _NOT_STREAMED.add(str(self._url))
+        then = ", not streaming to it again" if mode == "auto" else under_on
+        self._owner._probe.errors.once(f"stream:{self._url}:{reason}", f"{said}{then} ({ENV_STREAM}={mode})")
 
     async def __aexit__(self, *exc: Any) -> Any:
         if self._ordinary is not None:
