@@ -8,7 +8,9 @@ partial tokens of aborted requests). Two never-stopping tiny Llamas (``scripts/t
 ``never_stop``, which loops (one character, greedy), and ``babble``, which does not (random
 letters, sampled at temperature 1). For each, side by side: unprobed; probed with today's cap
 rule alone (``HYPERLOOM_EVAL_PROBE_STREAM=off``: no partial outputs are watched); probed with
-the degeneration detector on partial outputs (the defaults). For each run: tokens, finished
+the degeneration detector on partial outputs (the defaults); and, named in ``--runs``, those
+two without the engine's slow start (``cap_rule_wave``, ``detector_wave``: every prompt in the
+engine at once, as before it). For each run: tokens, finished
 requests, wall time from start to exit; for the probed runs also the trip time (from the first
 generate request, and from the start), its cause, the time from the trip to lm-eval's exit,
 and the requests aborted in the engine at the trip.
@@ -41,9 +43,18 @@ from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.servercounters import parse_vllm_metrics  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
-from probe.runtime.contract import ENV_STREAM, Settings  # noqa: E402
+from probe.runtime.contract import ENV_SLOW_START, ENV_STREAM, Settings  # noqa: E402
 
-RUNS = ("unprobed", "cap_rule", "detector")
+# Each run and the probe's variables it sets: ``*_wave`` without the engine's slow start (every
+# prompt in the engine at once, as before it), for the side-by-side figures.
+KNOBS: dict[str, dict[str, str]] = {
+    "unprobed": {},
+    "cap_rule": {ENV_STREAM: "off"},
+    "detector": {},
+    "cap_rule_wave": {ENV_STREAM: "off", ENV_SLOW_START: "off"},
+    "detector_wave": {ENV_SLOW_START: "off"},
+}
+RUNS = tuple(KNOBS)
 # How each model is run: greedy as the task says, or sampled (babble only babbles when sampled).
 SAMPLING = {"never_stop": "", "babble": "temperature=1"}
 PROMPT_ROOM = 512  # tokens of max_model_len kept for the prompt
@@ -61,8 +72,7 @@ def evaluate(args: argparse.Namespace, task: LocalTask, model: Path, work: Path,
     command = [sys.executable, "-m", "probe", "run", "--result-dir", str(output), "--", *lm_eval] if probed else lm_eval
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE") and k != "PYTHONPATH"}
     env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(ROOT))
-    if label == "cap_rule":
-        env[ENV_STREAM] = "off"
+    env.update(KNOBS[label])
     print(f"{model.name} {label}: lm-eval --model vllm (engine start-up takes about 30 s)...", file=sys.stderr)
     started = time.time()
     with (work / f"{label}.log").open("w") as log:
@@ -120,8 +130,8 @@ def ratios(runs: dict[str, Any], min_samples: int, max_tokens: int) -> dict[str,
             "time_to_verdict_over_full_length": round(runs[label]["trip_s"] / full_length_s, 4),
             "tokens_to_verdict_over_min_samples_x_m": round(runs[label]["tokens"] / (min_samples * max_tokens), 4),
         }
-        for label in ("cap_rule", "detector")
-        if label in runs
+        for label in RUNS
+        if label != "unprobed" and label in runs
     }
 
 
@@ -131,7 +141,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096, help="max_gen_toks per request")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's max_num_seqs: requests at once")
     parser.add_argument("--models", default=",".join(SAMPLING), help=f"comma-separated, of {', '.join(SAMPLING)}")
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    parser.add_argument(
+        "--runs", default="unprobed,cap_rule,detector", help=f"comma-separated, of {', '.join(RUNS)} (cap_rule first)"
+    )
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = parser.parse_args()

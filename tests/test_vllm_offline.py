@@ -50,6 +50,7 @@ def evaluate(
     probed: bool,
     site: Path | None = None,
     gen_kwargs: str = "",
+    max_num_seqs: int = MAX_NUM_SEQS,
     **knobs: str,
 ) -> tuple[subprocess.CompletedProcess, dict[str, float]]:
     """One lm-eval run on the in-process vLLM backend; returns it and vLLM's own counters.
@@ -59,7 +60,7 @@ def evaluate(
     """
     metrics = output.with_suffix(".metrics.txt")
     arguments = task.lm_eval_vllm_arguments(
-        model, output, MAX_TOKENS, MAX_NUM_SEQS, "--log_samples", gen_kwargs=gen_kwargs
+        model, output, MAX_TOKENS, max_num_seqs, "--log_samples", gen_kwargs=gen_kwargs
     )
     lm_eval = [vllm_python(), str(SCRIPTS / "lm_eval_counted.py"), str(metrics), "--", *arguments]
     command = [PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", *lm_eval] if probed else lm_eval
@@ -95,13 +96,14 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(
     assert probed["generation_tokens"] < MIN_SAMPLES * MAX_TOKENS
     assert sidecar["verdict"]["backend"] == "vllm" and sidecar["verdict"]["max_tokens"] == [MAX_TOKENS]
     assert sidecar["verdict"]["model"] == str(models / "never_stop")
-    # One LLM.generate call for the whole task: whatever was unfinished at the trip was
-    # aborted in the engine, and lm-eval got a blank answer for each; the rest are real.
+    # One LLM.generate call for the whole task: the slow start sent MIN_SAMPLES to the engine
+    # (8 running, 8 queued), the rest never; whatever was in the engine unfinished at the trip
+    # was aborted there, and lm-eval got a blank answer for each of those and of the rest.
     final = sidecar["final"]
-    aborted = final["cancelled_in_flight"]
-    assert DOCS - MIN_SAMPLES - MAX_NUM_SEQS <= aborted == final["short_circuited_requests"]
+    aborted, blanked = final["cancelled_in_flight"], final["short_circuited_requests"]
+    assert 0 < aborted <= MAX_NUM_SEQS and blanked == DOCS - MIN_SAMPLES + aborted
     given = answers(tmp_path / "probed")
-    assert sorted(given) == [""] * aborted + ["a" * MAX_TOKENS] * (DOCS - aborted)
+    assert sorted(given) == [""] * blanked + ["a" * MAX_TOKENS] * (DOCS - blanked)
     read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
     (verdict,) = json.loads(read.stdout)
     assert read.returncode == 1 and verdict["status"] == "below_floor"
@@ -110,6 +112,21 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(
     evidence = json.loads(Path(verdict["results_file"]).read_text())[EVIDENCE_KEY]
     assert evidence["backends"] == ["vllm"] and evidence["tasks"][verdict["task"]]["tripped"] is True
     assert evidence["tasks"][verdict["task"]]["cancelled_in_flight"] == aborted
+
+
+def test_the_slow_start_sends_the_engine_min_samples_before_any_evidence(models, task, tmp_path) -> None:
+    # An engine as wide as the task: without a slow start vLLM would run all 48 to the cap
+    # at once before the MIN_SAMPLES observations the cap rule needs (the loop detector off
+    # here, so only endings count). With it, the engine gets MIN_SAMPLES requests, all at the
+    # cap, and the trip answers the rest blank before they reach it.
+    knobs = {contract.ENV_STREAM: "off"}
+    run, probed = evaluate(models / "never_stop", task, tmp_path / "probed", True, max_num_seqs=DOCS, **knobs)
+    assert "summary: TRIPPED (non_terminating)" in run.stderr
+    assert probed["generation_tokens"] == MIN_SAMPLES * MAX_TOKENS  # vLLM's own count
+    assert probed["finished_length"] == MIN_SAMPLES
+    final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
+    assert final["cancelled_in_flight"] == 0 and final["short_circuited_requests"] == DOCS - MIN_SAMPLES
+    assert sorted(answers(tmp_path / "probed")) == [""] * (DOCS - MIN_SAMPLES) + ["a" * MAX_TOKENS] * MIN_SAMPLES
 
 
 def test_watched_partial_outputs_leave_every_answer_as_unprobed(models, task, unprobed_never_stop, tmp_path) -> None:

@@ -45,7 +45,8 @@ gives ``c <= (1 - r) * a``, ``k - r * L = (1 - r) * L - s >= (1 - r) * (a - e) -
 >= 0``: at least ``MIN`` observations, at least ``LENGTH_RATIO`` of them at the cap, so the
 rule fired (the gate then lets everything through; if the trip could not be applied, the
 policy is open). tests/test_gate_liveness.py checks both with hypothesis, on a real loop.
-The sync API path and the in-process vLLM path have no gate: nothing there waits on evidence.
+The sync API path has no gate: nothing there waits on evidence. The in-process vLLM engine
+applies this same policy to its ``add_request`` (``engine_slow_start``).
 
 :class:`SlowStart` is the policy, pure arithmetic; :class:`Gate` applies it to asyncio
 tasks; :class:`Gates` keeps one gate per event loop.
@@ -116,24 +117,33 @@ class SlowStart:
         return cls(full, float(min_samples), max(floor, 2 * full / min_samples))
 
     def may_send(self, in_flight: int) -> bool:
-        return in_flight < self.full and self.sent < self.budget
+        return in_flight < self.full and self.may_send_more()
+
+    def may_send_more(self) -> bool:
+        """Whether the budget allows another request, whatever is in flight."""
+        return self.sent < self.budget
 
     def send(self) -> None:
         self.sent += 1
 
     def finished(self, answered: bool, labels: Sequence[str] | None, tripped: bool, unprobed: bool) -> None:
         """Take how one sent call ended: ``labels`` is what its answer said (None: never observed)."""
-        self.tripped = self.tripped or tripped
+        self.learn(tripped, unprobed)
         if self.tripped:
             return
-        if unprobed:
-            self.budget = math.inf
         if not answered:
             self.sent -= 1
             return
         credits = sum(1 for label in labels if not is_pathological(label)) if labels else 1
         if credits:  # never 0 * inf: that is NaN, and a NaN budget lets nothing through
             self.budget += credits * self.per_stop
+
+    def learn(self, tripped: bool, unprobed: bool) -> None:
+        """Take where the batch's group stands: tripped (the budget never grows again), or
+        tripped but not applied (the probe runs unprobed: the budget is infinite)."""
+        self.tripped = self.tripped or tripped
+        if unprobed and not self.tripped:
+            self.budget = math.inf
 
     def run_dry(self) -> None:
         """Open for good: calls are parked, none is in flight, and the rule has not decided."""

@@ -5,7 +5,9 @@ them with ``--batch_size auto``); vLLM adds one engine request per prompt, then 
 ``llm_engine.step()``. The probe works inside that loop, on the engine ``LLM`` keeps as
 ``llm_engine`` (found by its methods, not by vLLM's version):
 
-- ``add_request`` gives the engine id of each prompt, in order;
+- ``add_request`` gives the engine id of each prompt, in order, and is held back by the slow
+  start (``engine_slow_start``: ``MIN_SAMPLES`` requests before any evidence, more as
+  generations stop) where the knob applies it to the engine's ``max_num_seqs``;
 - ``step`` hands over each request as it finishes, observed like an API response, and, for
   the requests whose sampling parameters allow it, its partial output every few tokens
   (``vllm_partial``: the probe's copy of the parameters asks for cumulative outputs), fed to
@@ -36,6 +38,7 @@ from typing import Any
 
 from probe.runtime import replicas, state
 from probe.runtime.answers import BLANK, ShortCircuitAnswer
+from probe.runtime.engine_slow_start import EngineSlowStart
 from probe.runtime.groups import Group, Request
 from probe.runtime.integration import Integration
 from probe.runtime.log import say
@@ -45,7 +48,8 @@ from probe.runtime.versions import LM_EVAL, VLLM
 from probe.runtime.vllm_partial import STREAM_INTERVAL, new_text, wanted, watched_params
 
 BACKEND = "vllm"
-ENGINE_METHODS = ("add_request", "step", "abort_request")
+ENGINE_METHODS = ("add_request", "step", "abort_request", "has_unfinished_requests", "get_num_unfinished_requests")
+ENGINE_HOOKS = ("step", "add_request", "get_num_unfinished_requests")  # the engine class's methods wrapped
 MODEL_GENERATE_PARAMETERS = ["self", "requests", "generate", "sampling_params"]
 
 
@@ -102,6 +106,7 @@ class EngineCall:
     watch: bool = False  # whether to ask the engine for partial outputs (vllm_partial)
     seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (prompt, choice): characters fed
     read_at: dict[tuple[int, int], int] = field(default_factory=dict)  # (prompt, choice): tokens when last read
+    slow: EngineSlowStart | None = None  # None: every request goes to the engine when LLM.generate adds it
 
     def sampling_params(self, params: Any) -> Any:
         """The parameters to give the engine for the next of this call's prompts: a copy that
@@ -136,12 +141,32 @@ class EngineCall:
             if getattr(output, "finished", False):
                 self.finished.add(self.ids[i])
                 self.probe.observe(request, as_response(output))
+                if self.slow is not None:
+                    self.slow.finished(request.labels, request.group.tripped, request.group.trip_failed)
             else:
                 self.partial(i, output)
         for key, group in groups.items():  # after the whole step: what finished in it keeps its answer
+            if self.slow is not None:
+                self.slow.group_stands(group.tripped, group.trip_failed)
             if group.tripped and key not in self.handled:
                 self.handled.add(key)
                 self.abort(group)
+
+    def admit(self) -> None:
+        """Add to the engine the held requests the slow start now allows (see
+        ``engine_slow_start``); an error from the engine's ``add_request`` propagates."""
+        slow = self.slow
+        if slow is None:
+            return
+        try:
+            slow.admit(self.engine.has_unfinished_requests, lambda place: self.requests[place].group.tripped)
+        except Exception:
+            # As LLM.generate does when an add fails: what this call put in the engine is aborted.
+            unsent = slow.waiting | slow.never_sent
+            sent = [rid for place, rid in enumerate(self.ids) if rid not in self.finished and place not in unsent]
+            if sent:
+                self.engine.abort_request(sent)
+            raise
 
     def partial(self, i: int, output: Any) -> None:
         """Feed the new text of the unfinished request ``i``'s choices to the probe."""
@@ -167,24 +192,27 @@ class EngineCall:
 
     def abort(self, group: Group) -> None:
         """End every unfinished request of ``group`` in the engine, at once."""
+        held = self.slow.waiting if self.slow is not None else set()
         doomed = [
             request_id
-            for request_id, request in zip(self.ids, self.requests, strict=True)
-            if request.group is group and request_id not in self.finished
+            for place, (request_id, request) in enumerate(zip(self.ids, self.requests, strict=True))
+            if request.group is group and request_id not in self.finished and place not in held
         ]
         if doomed:
             self.engine.abort_request(doomed)
             self.aborted.update(doomed)
 
     def answers(self, outputs: list[Any]) -> list[Any]:
-        """``outputs`` with a blank in place of each aborted request, in prompt order."""
-        if not self.aborted:
+        """``outputs`` with a blank in place of each aborted request and of each the slow start
+        never sent, in prompt order."""
+        never_sent = self.slow.never_sent if self.slow is not None else set()
+        if not self.aborted and not never_sent:
             return outputs
         by_id = {str(getattr(output, "request_id", None)): output for output in outputs}
-        answers = []
-        for request_id, request in zip(self.ids, self.requests, strict=True):
-            if request_id in self.aborted:
-                self.probe.blanks(request, cancelled=True)
+        answers: list[Any] = []
+        for place, (request_id, request) in enumerate(zip(self.ids, self.requests, strict=True)):
+            if request_id in self.aborted or place in never_sent:
+                self.probe.blanks(request, cancelled=place not in never_sent)
                 answers.append(BlankOutput(request_id))
             else:
                 answers.append(by_id[request_id])
@@ -271,6 +299,7 @@ def _probed_model_generate(original: Callable, vllm_causallms: Any = None) -> Ca
             else:
                 in_engine = [planned[i] for i in send]
                 call = EngineCall(probe, engine, in_engine, watch=wanted(probe.settings, in_engine))
+                call.slow = _slow_start(probe, engine, in_engine)
                 token = _CALL.set(call)
                 try:
                     outputs = original(self, sent, generate, params, **kwargs)
@@ -282,6 +311,16 @@ def _probed_model_generate(original: Callable, vllm_causallms: Any = None) -> Ca
         return answers
 
     return mark(_model_generate, original)
+
+
+def _slow_start(probe: state.Probe, engine: Any, requests: list[Request]) -> EngineSlowStart | None:
+    """The slow start of one engine call, where the knob applies it; None (said) on an error."""
+    try:
+        width = getattr(getattr(getattr(engine, "vllm_config", None), "scheduler_config", None), "max_num_seqs", None)
+        return EngineSlowStart.for_engine(probe.settings, width, any(r.is_evidence for r in requests))
+    except Exception as error:
+        probe.errors.report("vllm slow start", error)
+        return None
 
 
 def _runs_on_ray(lm: Any, vllm_causallms: Any) -> bool:
@@ -329,6 +368,7 @@ def _observing_step(original: Callable) -> Callable:
                 call.after_step(outputs)
             except Exception as error:
                 call.probe.errors.report("vllm step", error)
+            call.admit()  # outside: the engine's own error from a held add_request is lm-eval's
         return outputs
 
     return mark(step, original)
@@ -338,14 +378,30 @@ def _recording_add_request(original: Callable) -> Callable:
     def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
         call = _CALL.get()
         ours = call is not None and call.engine is self and len(call.ids) < len(call.requests)
-        if ours:
-            args, kwargs = _with_watched_params(call, args, kwargs)
-        added = original(self, request_id, *args, **kwargs)
-        if ours:
+        if not ours:
+            return original(self, request_id, *args, **kwargs)
+        args, kwargs = _with_watched_params(call, args, kwargs)
+        add = partial(original, self, request_id, *args, **kwargs)
+        if call.slow is not None and not call.slow.offer(len(call.ids), add):
             call.ids.append(str(request_id))
+            return str(request_id)  # held: the id LLM.generate gave it, as the engine returns it
+        added = add()
+        call.ids.append(str(request_id))
         return added
 
     return mark(add_request, original)
+
+
+def _counting_held(original: Callable) -> Callable:
+    def get_num_unfinished_requests(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # LLM.generate sizes its progress bar with this before its first step: the held count.
+        count = original(self, *args, **kwargs)
+        call = _CALL.get()
+        if call is not None and call.engine is self and call.slow is not None and isinstance(count, int):
+            return count + len(call.slow.held)
+        return count
+
+    return mark(get_num_unfinished_requests, original)
 
 
 def _with_watched_params(call: EngineCall, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -372,7 +428,8 @@ def _hook_engine(probe: state.Probe, llm: Any) -> Any:
         missing = [name for name in ENGINE_METHODS if not callable(getattr(engine, name, None))]
         if missing:
             raise LookupError(f"{cls.__module__}.{cls.__qualname__} has no {', '.join(missing)}")
-        for name, make in (("step", _observing_step), ("add_request", _recording_add_request)):
+        hooks = dict(zip(ENGINE_HOOKS, (_observing_step, _recording_add_request, _counting_held), strict=True))
+        for name, make in hooks.items():
             wrap(next(c for c in cls.__mro__ if name in c.__dict__), name, make)
         _warn_untested_vllm(probe)
         return engine
@@ -432,7 +489,7 @@ def install_vllm(vllm_causallms: Any) -> None:
 def uninstall_vllm(vllm_causallms: Any) -> None:
     """Restore lm-eval's ``VLLM`` backend and every engine class hooked at first use."""
     cls = vllm_causallms.VLLM
-    restore_where(lambda owner, name: owner is cls or owner is vllm_causallms or name in ("step", "add_request"))
+    restore_where(lambda owner, name: owner is cls or owner is vllm_causallms or name in ENGINE_HOOKS)
 
 
 INTEGRATION = Integration(
