@@ -280,8 +280,10 @@ fi
 if [ "$what" = "all" ]; then
     make_inferencex_venv
     make_venv .venv-lm-eval-0.4.9.2 "$torch" -e ".[test]" "lm-eval[api]==0.4.9.2" "transformers<5" "datasets<4.5"
-    # 0.4.12: the first release that turns null content into a cached placeholder string.
-    make_venv .venv-lm-eval-0.4.12 -e ".[test]" "lm-eval[api]==0.4.12"
+    # 0.4.12: the first release that turns null content into a cached placeholder string; with
+    # CPU torch, transformers and accelerate for its Hugging Face backend (its module differs
+    # from both 0.4.9.2's and 0.4.13's).
+    make_venv .venv-lm-eval-0.4.12 "$torch" -e ".[test]" "lm-eval[api]==0.4.12" transformers accelerate
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         make_venv .venv-vllm "vllm" "$vllm_ray"  # the CUDA build, where a GPU is present
     elif [ ! -f .venv-vllm/.stamp ]; then

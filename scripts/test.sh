@@ -2,10 +2,11 @@
 # Set up everything, then run the whole test suite: lint; every test that touches lm-eval (all
 # but the vLLM and the release_independent ones) against InferenceX's lm-eval (b315ef3), installed
 # the way InferenceX installs it, InferenceX's flow first; against the 0.4.9.2 release, what differs
-# there (see below); the same as b315ef3's but InferenceX's flow against 0.4.12; then every test
-# against lm-eval 0.4.13 (the end-to-end tests on real vLLM, served and in-process, included). The
-# tests on lm-eval's Hugging Face backend (marker hf) need torch: they run against the 0.4.9.2
-# release, whose environment has it, and against 0.4.13 in the vLLM environment (0.4.13 with torch).
+# there (see below); against 0.4.12, what differs there (its API model, its Hugging Face module);
+# then every test against lm-eval 0.4.13 (the end-to-end tests on real vLLM, served and
+# in-process, included). The tests on lm-eval's Hugging Face backend (marker hf) need torch: they
+# run against the 0.4.9.2 and 0.4.12 releases, whose environments have it, and against 0.4.13 in
+# the vLLM environment (0.4.13 with torch). b315ef3's Hugging Face module is 0.4.9.2's byte for byte.
 #
 # One pass after another (side by side on 2 cores, the torch and vLLM passes ran 2.5-3x slower:
 # their threads spin against each other). Within a pass, tests run in two pytest-xdist workers, a
@@ -70,11 +71,16 @@ pass_0492() {
 # caching, streaming, the gate, the order, the loop detector); the command line and the start of
 # an evaluation run against b315ef3 and 0.4.13 on either side of it (CI time: see the README).
 # Not the whole lm-eval command lines of streamed runs (marker slow) either.
-title_0412="against lm-eval 0.4.12 (a static parse_generations, and null content as a cached placeholder)"
+# Its Hugging Face module differs from 0.4.9.2's and 0.4.13's (how it finds the model's maximum
+# length, and its memory arguments): the Hugging Face tests run here too.
+title_0412="against lm-eval 0.4.12 (a static parse_generations, null content as a cached placeholder, --model hf)"
 pass_0412() {
+    local status=0
     pytest_in .venv-lm-eval-0.4.12 "${workers[@]}" -m "not vllm and not release_independent and not inferencex and not hf and not slow" \
         tests/test_probe_lm.py tests/test_gate_lm.py tests/test_stream_lm.py \
-        tests/test_order.py tests/test_detector_probe.py tests/test_filing.py
+        tests/test_order.py tests/test_detector_probe.py tests/test_filing.py || status=$?
+    pytest_in .venv-lm-eval-0.4.12 "${hf_workers[@]}" -m "hf and not vllm" || status=$?
+    return "$status"
 }
 title_0413="every test but the vLLM ones against lm-eval 0.4.13"
 pass_0413() {
