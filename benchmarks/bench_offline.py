@@ -4,14 +4,15 @@ The sibling of ``bench_verdict.py`` for ``--model vllm``: the engine runs inside
 there is no server to count for us. Each run is ``python -m lm_eval --model vllm`` in the vLLM
 environment, with every prompt in one ``LLM.generate`` call (``--batch_size auto``);
 ``scripts/lm_eval_counted.py`` writes vLLM's own counters when lm-eval ends (tokens include the
-partial tokens of aborted requests). Two never-stopping tiny Llamas (``scripts/tiny_llama.py``):
-``never_stop``, which loops (one character, greedy), and ``babble``, which does not (random
-letters, sampled at temperature 1). For each, side by side: unprobed; probed with today's cap
-rule alone (``HYPERLOOM_EVAL_PROBE_STREAM=off``: no partial outputs are watched); probed with
-the degeneration detector on partial outputs (the defaults); and, named in ``--runs``, those
-two without the engine's slow start (``cap_rule_wave``, ``detector_wave``: every prompt in the
-engine at once, as before it). For each run: tokens, finished
-requests, wall time from start to exit; for the probed runs also the trip time (from the first
+partial tokens of aborted requests). Three never-stopping tiny Llamas (``scripts/tiny_llama.py``):
+``never_stop``, which loops (one character a token, greedy); ``never_stop_wide``, the same loop
+with a four-character token (a BPE token's size, and the loop detector's unit); and ``babble``,
+which does not loop (random letters, sampled at temperature 1). For each, side by side:
+unprobed; probed with today's cap rule alone (``HYPERLOOM_EVAL_PROBE_STREAM=off``: no partial
+outputs are watched); probed with the degeneration detector on partial outputs (the defaults);
+and, named in ``--runs``, those two without the engine's slow start (``cap_rule_wave``,
+``detector_wave``: every prompt in the engine at once, as before it). For each run: tokens,
+finished requests, wall time from start to exit; for the probed runs also the trip time (from the first
 generate request, and from the start), its cause, the time from the trip to lm-eval's exit,
 and the requests aborted in the engine at the trip.
 
@@ -56,7 +57,7 @@ KNOBS: dict[str, dict[str, str]] = {
 }
 RUNS = tuple(KNOBS)
 # How each model is run: greedy as the task says, or sampled (babble only babbles when sampled).
-SAMPLING = {"never_stop": "", "babble": "temperature=1"}
+SAMPLING = {"never_stop": "", "never_stop_wide": "", "babble": "temperature=1"}
 PROMPT_ROOM = 512  # tokens of max_model_len kept for the prompt
 
 

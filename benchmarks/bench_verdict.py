@@ -70,11 +70,13 @@ class Target:
             import vllm_server
             from countingproxy import CountingProxy
 
-            model = work / "never_stop"
+            model = work / args.vllm_model
             subprocess.run([args.vllm_python, str(ROOT / "scripts" / "tiny_llama.py"), str(model), "--variant",
-                            "never_stop"], check=True, capture_output=True)  # fmt: skip
+                            args.vllm_model], check=True, capture_output=True)  # fmt: skip
             print("starting vLLM (about a minute)...", file=sys.stderr)
-            self.vllm = vllm_server.start(model, "never_stop", args.vllm_python, log=work / "vllm.log")
+            room = args.max_tokens + 512  # a prompt and its answer (the tiny Llama holds 8192 positions)
+            log = work / "vllm.log"
+            self.vllm = vllm_server.start(model, "never_stop", args.vllm_python, log=log, max_model_len=room)
             self.proxy = CountingProxy(self.vllm.base_url).start()
             self.base_url, self.model = self.proxy.base_url, "never_stop"
 
@@ -208,6 +210,12 @@ def main() -> None:
     parser.add_argument("--seconds-per-token", type=float, default=0.00025, help="the simulated token clock")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument(
+        "--vllm-model",
+        choices=("never_stop", "never_stop_wide"),
+        default="never_stop",
+        help="the tiny Llama vLLM serves (scripts/tiny_llama.py): one character a token, or four",
+    )
+    parser.add_argument(
         "--runs",
         default=",".join(RUNS),
         help="which of the never-stopping model's three runs to make (comma-separated, '' for none)",
@@ -234,6 +242,7 @@ def main() -> None:
               f"{waves[min_samples]:.1f} s / {waves[args.concurrency]:.1f} s", file=sys.stderr)  # fmt: skip
         result = {
             "server": args.server,
+            "vllm_model": args.vllm_model if args.server == "vllm" else None,
             "n": args.n,
             "concurrency": args.concurrency,
             "max_tokens": args.max_tokens,

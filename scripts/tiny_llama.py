@@ -1,8 +1,12 @@
-"""Build a tiny Llama locally (no download) that vLLM can serve, in five variants.
+"""Build a tiny Llama locally (no download) that vLLM can serve, in six variants.
 
 - ``never_stop``: its output is one token, repeated forever; it never emits EOS or a
   stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``). Its
   output is the tightest loop there is (period one).
+- ``never_stop_wide``: ``never_stop`` with a four-character token (``abcd``), about what
+  a BPE token holds in English text: the loop detector, whose unit is a piece of at most four
+  characters of a word, then sees one unit a token, where ``never_stop`` gives it one a
+  quarter unit (its tokenizer is one character a token).
 - ``babble``: under sampling (``temperature=1``) its output is random lowercase letters
   and spaces, each drawn uniformly and independently: it never stops (EOS, newlines and the
   rest of the vocabulary are e^-34 times less likely than a letter) and never loops. Under
@@ -16,7 +20,8 @@
   and, in bfloat16, on the numerics of its batch (which prompts share it, the padding).
 
 How: the final RMSNorm's weight is zero, so every logit is exactly 0 and greedy
-decoding picks token 0; the first two variants differ only in which string token 0 is. For
+decoding picks token 0; ``never_stop``, ``never_stop_wide`` and ``stops`` differ only in which
+string token 0 is. For
 ``babble`` every layer adds one constant vector through its MLP's bias (the embeddings and
 every weight that reads its input are zero), so the last hidden state is the same at every
 position, and the output head gives the allowed characters logit 0 and the others -34. For
@@ -35,7 +40,9 @@ import json
 import string
 from pathlib import Path
 
-FIRST_TOKEN = {"never_stop": "a", "stops": " 7\n\n", "echo": "~", "babble": "a", "varied": "a"}
+FIRST_TOKEN = {
+    "never_stop": "a", "never_stop_wide": "abcd", "stops": " 7\n\n", "echo": "~", "babble": "a", "varied": "a",
+}  # fmt: skip
 BABBLE = set(string.ascii_lowercase + " ")  # what babble draws from: no stop sequence can form
 BANNED_LOGIT = 34.0  # the babble head's logit for every other token, below the allowed ones
 ECHO_STOP = "~"  # the echo variant's one character followed by EOS

@@ -38,15 +38,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(model: Path, name: str, python: str, port: int = 0, log: Path | None = None, timeout: float = 300) -> Server:
-    """Start vLLM on ``model`` (served as ``name``) and return once /health answers."""
+def start(
+    model: Path, name: str, python: str, port: int = 0, log: Path | None = None, timeout: float = 300,
+    max_model_len: int = 2048,
+) -> Server:  # fmt: skip
+    """Start vLLM on ``model`` (served as ``name``) and return once /health answers;
+    ``max_model_len`` must hold a prompt and its ``max_tokens``."""
     port = port or free_port()
     log = log or Path(f"/tmp/vllm-{name}-{port}.log")
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.pop("PYTHONPATH", None)  # the server must not run the probe
     command = [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", name,
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--dtype", "float32",
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "float32",
         # No torch.compile at start-up: 12-30 s less per server here, the same answers in every arm.
         "--enforce-eager",
     ]  # fmt: skip
