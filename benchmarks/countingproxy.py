@@ -1,8 +1,9 @@
 """A pass-through HTTP proxy that records when each generate request arrived.
 
 vLLM's /metrics count requests but do not say when they came; the verdict benchmark
-needs "requests received after the trip". A client that drops its request makes the
-proxy drop the upstream one, so vLLM still aborts it.
+needs "requests received after the trip". A reply is passed on as it arrives (a stream piece by piece: a
+proxy that read it whole would hand the probe every streamed token at the end). A client that
+drops its request makes the proxy drop the upstream one, so vLLM still aborts it.
 """
 
 from __future__ import annotations
@@ -53,14 +54,23 @@ class CountingProxy:
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
-    async def _forward(self, request: web.Request) -> web.Response:
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if request.method == "POST" and b'"max_tokens"' in body and b'"echo"' not in body:
             self.times.append(time.time())
         async with self._session.request(
             request.method, self.upstream + request.path_qs, data=body, headers={"Content-Type": "application/json"}
         ) as upstream:
-            return web.Response(body=await upstream.read(), status=upstream.status, content_type=upstream.content_type)
+            response = web.StreamResponse(status=upstream.status)
+            response.content_type = upstream.content_type
+            await response.prepare(request)
+            try:
+                async for piece in upstream.content.iter_any():
+                    await response.write(piece)
+                await response.write_eof()
+            except ConnectionResetError:  # the client left: leaving here drops the upstream request too
+                pass
+        return response
 
     def stop(self) -> None:
         async def close() -> None:
