@@ -16,7 +16,7 @@ from support.procs import PYTHON, probe_site
 from support.resultfiles import written_by_lm_eval
 from support.vllm import SCRIPTS, answers, tiny_llama, vllm_python
 
-from probe.demo.localtask import LocalTask, offline_env, write_task
+from probe.demo.localtask import SECOND_TASK, LocalTask, offline_env, write_task
 from probe.demo.servercounters import parse_vllm_metrics
 from probe.runtime import contract
 from probe.runtime.contract import EVIDENCE_KEY
@@ -51,17 +51,21 @@ def evaluate(
     site: Path | None = None,
     gen_kwargs: str = "",
     max_num_seqs: int = MAX_NUM_SEQS,
+    batch_size: str = "auto",
+    also: tuple[LocalTask, ...] = (),
     **knobs: str,
 ) -> tuple[subprocess.CompletedProcess, dict[str, float]]:
     """One lm-eval run on the in-process vLLM backend; returns it and vLLM's own counters.
 
     ``site``: a directory put on PYTHONPATH (after the probe's own, which runs it too);
-    ``gen_kwargs``: added to lm-eval's ``--gen_kwargs``; ``knobs``: the probe's variables.
+    ``gen_kwargs``: added to lm-eval's ``--gen_kwargs``; ``also``: more tasks in the run;
+    ``knobs``: the probe's variables.
     """
     metrics = output.with_suffix(".metrics.txt")
     arguments = task.lm_eval_vllm_arguments(
-        model, output, MAX_TOKENS, max_num_seqs, "--log_samples", gen_kwargs=gen_kwargs
-    )
+        model, output, MAX_TOKENS, max_num_seqs, "--log_samples", gen_kwargs=gen_kwargs, batch_size=batch_size,
+        also=also,
+    )  # fmt: skip
     lm_eval = [vllm_python(), str(SCRIPTS / "lm_eval_counted.py"), str(metrics), "--", *arguments]
     command = [PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", *lm_eval] if probed else lm_eval
     env = offline_env(None, VLLM_CPU_KVCACHE_SPACE="1", **knobs)
@@ -127,6 +131,25 @@ def test_the_slow_start_sends_the_engine_min_samples_before_any_evidence(models,
     final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
     assert final["cancelled_in_flight"] == 0 and final["short_circuited_requests"] == DOCS - MIN_SAMPLES
     assert sorted(answers(tmp_path / "probed")) == [""] * (DOCS - MIN_SAMPLES) + ["a" * MAX_TOKENS] * MIN_SAMPLES
+
+
+def test_each_group_keeps_its_own_slow_start_across_tasks_and_chunks(models, tmp_path) -> None:
+    # Two tasks with different stop sequences (two groups) in one run, each in chunks of 10
+    # (--batch_size 10: one LLM.generate call per chunk). Each group's budget is its own and
+    # spans its chunks: each reaches the engine with exactly MIN_SAMPLES requests, all at the
+    # cap, and the trip answers the rest of it blank (a budget per call would have let one
+    # group's 16 be spread over two, or a chunk's 10 be sent whole after the first chunk's 10).
+    first = write_task(tmp_path / "tasks", 24)
+    second = write_task(tmp_path / "tasks", 24, task=SECOND_TASK)
+    knobs = {contract.ENV_STREAM: "off"}
+    run, probed = evaluate(
+        models / "never_stop", first, tmp_path / "probed", True, max_num_seqs=48, batch_size="10", also=(second,),
+        **knobs,
+    )  # fmt: skip
+    assert run.stderr.count("[lm-eval-probe] tripped:") == 2
+    assert probed["generation_tokens"] == 2 * MIN_SAMPLES * MAX_TOKENS  # vLLM's own count
+    final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
+    assert final["short_circuited_requests"] == 2 * (24 - MIN_SAMPLES)
 
 
 def test_watched_partial_outputs_leave_every_answer_as_unprobed(models, task, unprobed_never_stop, tmp_path) -> None:

@@ -105,14 +105,18 @@ class LocalTask:
         *extra: str,
         max_model_len: int = 2048,
         gen_kwargs: str = "",
+        batch_size: str = "auto",
+        also: tuple[LocalTask, ...] = (),
     ) -> list[str]:
-        """lm-eval's arguments (after ``python -m lm_eval``) for this task on its in-process vLLM
-        backend (``--model vllm``), with every prompt in one ``LLM.generate`` call
-        (``--batch_size auto``) and vLLM's counters kept (``disable_log_stats=False``).
+        """lm-eval's arguments (after ``python -m lm_eval``) for this task (and the tasks in
+        ``also``, in the same run) on its in-process vLLM backend (``--model vllm``), by default
+        with every prompt of a group in one ``LLM.generate`` call (``--batch_size auto``), and
+        vLLM's counters kept (``disable_log_stats=False``).
 
         ``max_num_seqs`` bounds the requests vLLM runs at once: the waves of a run;
         ``max_model_len`` must hold a prompt and ``max_tokens``; ``gen_kwargs`` adds to
-        lm-eval's ``--gen_kwargs`` (``key=value,...``).
+        lm-eval's ``--gen_kwargs`` (``key=value,...``); ``batch_size`` N makes a call per N
+        prompts.
         """
         model_args = (
             f"pretrained={model},dtype=float32,max_model_len={max_model_len},max_num_seqs={max_num_seqs},"
@@ -120,7 +124,7 @@ class LocalTask:
         )
         sampling = f"max_gen_toks={max_tokens}" + (f",{gen_kwargs}" if gen_kwargs else "")
         return [
-            "--model", "vllm", "--model_args", model_args, "--batch_size", "auto", "--tasks", str(self.yaml),
+            "--model", "vllm", "--model_args", model_args, "--batch_size", batch_size, *tasks_arguments((self, *also)),
             "--output_path", str(output), "--gen_kwargs", sampling, *extra,
         ]  # fmt: skip
 

@@ -3,21 +3,27 @@
 ``LLM.generate`` adds every prompt to the engine before its first step, and vLLM then runs as
 many as ``max_num_seqs`` at once: a model that never stops made ``max_num_seqs`` full-length
 generations (or, with the loop detector, ``max_num_seqs`` flagged prefixes) before the rule,
-which needs ``MIN_SAMPLES`` observations, could decide. Here the engine's ``add_request`` is
-held back as the gate holds calls: the same :class:`~probe.runtime.gate.SlowStart` policy
-lets ``MIN_SAMPLES`` requests in before any evidence, ``per_stop`` more for each generation
-that did not end pathologically, and everything once the rule has fired (a tripped group's
-held requests are never sent) or could not be applied. The engine queues what it cannot run
-yet, so only the policy's budget holds a request back, never the engine's occupancy.
+which needs ``MIN_SAMPLES`` observations of a group, could decide. Here the engine's
+``add_request`` is held back as the gate holds calls, with the same
+:class:`~probe.runtime.gate.SlowStart` policy, one per group (one ``LLM.generate`` call may
+carry several groups, and one group several calls, one per chunk with ``--batch_size N``; the
+policy is kept on the group, so it spans the calls): ``MIN_SAMPLES`` of the group's requests
+reach the engine before any evidence, ``per_stop`` more for each of its generations that did
+not end pathologically, and all of them once its rule has fired (a tripped group's held
+requests are never sent) or could not be applied. The engine queues what it cannot run yet,
+so only a group's budget holds its requests back, never the engine's occupancy.
 
 lm-eval's order is already the seeded sample order when the engine sees the prompts
-(``order``), so the requests let in first are a uniform sample; they keep that order.
+(``order``), so the requests let in first are a uniform sample of each group; each group's
+keep that order.
 
-**Liveness.** After every engine step, when the engine has nothing unfinished and requests
-are still held, the policy is opened (``SlowStart.run_dry``) and they are sent: the engine
-loop (``while has_unfinished_requests(): step()``) never ends with a request held. A held
-request's own ``add_request`` runs later than lm-eval asked for it; an error it raises then
-propagates from the engine step, out of ``LLM.generate``, as it would have at the start.
+**Liveness.** As the gate's: a group whose budget is spent while none of its requests is in
+the engine opens (``SlowStart.run_dry``; by the gate's proof its rule had fired, so this is a
+guard), and when the engine has nothing unfinished at all every held request goes: the engine
+loop (``while has_unfinished_requests(): step()``) never ends with one held. A held request's
+own ``add_request`` runs later than lm-eval asked for it; an error it raises then propagates
+from the engine step, out of ``LLM.generate``. A held request of a tripped group never reaches
+vLLM, so vLLM never validates it (as with a tripped group's later chunks, never sent).
 
 Pure bookkeeping: no vLLM import; the engine is reached through the callables it is given.
 """
@@ -31,21 +37,38 @@ from typing import Any
 
 from probe.runtime.contract import Settings
 from probe.runtime.gate import SlowStart, slow_start_applies
+from probe.runtime.groups import Group
+
+
+class AddFailed(Exception):
+    """The engine's own ``add_request`` raised, for a request sent late: its error (the cause)
+    is lm-eval's to see, as it would have been when LLM.generate added the request."""
+
+
+@dataclass
+class _Held:
+    """One group's part of a call: its requests held back, in order, and its requests in the engine."""
+
+    group: Group
+    policy: SlowStart
+    held: deque[tuple[int, Callable[[], Any]]] = field(default_factory=deque)
+    in_engine: int = 0
 
 
 @dataclass
 class EngineSlowStart:
     """The held ``add_request`` calls of one ``LLM.generate`` call, by place (prompt index).
 
-    Promises: a request is sent, in the order offered, once the policy's budget allows (never
-    while an earlier one is held); :meth:`admit` leaves nothing held while the engine has
-    nothing unfinished; a held request whose group tripped is never sent, and is named in
-    ``never_sent``.
+    Promises: a request is sent once its group's budget allows, in the order offered within
+    its group; :meth:`admit` leaves nothing held while the engine has nothing unfinished, nor
+    a group's requests held while none of that group's is in the engine; a held request whose
+    group tripped is never sent, and is named in ``never_sent``.
     """
 
-    policy: SlowStart
-    held: deque[tuple[int, Callable[[], Any]]] = field(default_factory=deque)
-    waiting: set[int] = field(default_factory=set)  # the places in ``held``
+    width: int  # the engine's max_num_seqs: the concurrency each group's policy is made for
+    settings: Settings
+    groups: dict[int, _Held] = field(default_factory=dict)
+    waiting: set[int] = field(default_factory=set)  # the places held
     never_sent: set[int] = field(default_factory=set)
 
     @classmethod
@@ -56,40 +79,78 @@ class EngineSlowStart:
         mode = settings.slow_start
         if not can_be_evidence or not (slow_start_applies(mode, max_num_seqs) if known else mode == "on"):
             return None
-        policy = SlowStart.for_batch(max_num_seqs if known else 1, settings.min_samples, settings.length_ratio, True)
-        return cls(policy)
+        return cls(max_num_seqs if known else 1, settings)
 
-    def offer(self, place: int, add: Callable[[], Any]) -> bool:
-        """Whether ``add`` (the engine's ``add_request`` for ``place``) is to run now; else it is held."""
-        if not self.held and self.policy.may_send_more():
-            self.policy.send()
+    def _of(self, group: Group) -> _Held:
+        part = self.groups.get(id(group))
+        if part is None:
+            policy = group.engine_slow_start
+            if policy is None:
+                s = self.settings
+                policy = group.engine_slow_start = SlowStart.for_batch(self.width, s.min_samples, s.length_ratio, True)
+            part = self.groups[id(group)] = _Held(group, policy)
+        return part
+
+    def offer(self, place: int, group: Group, add: Callable[[], Any]) -> bool:
+        """Whether ``add`` (the engine's ``add_request`` for ``place``, of ``group``) is to run
+        now; else it is held."""
+        part = self._of(group)
+        if not part.held and part.policy.may_send_more():
+            part.policy.send()
+            part.in_engine += 1
             return True
-        self.held.append((place, add))
+        part.held.append((place, add))
         self.waiting.add(place)
         return False
 
-    def finished(self, labels: Sequence[str] | None, tripped: bool, unprobed: bool) -> None:
-        """Take how one sent request ended: ``labels`` as the rule read its answers."""
-        self.policy.finished(True, labels, tripped, unprobed)
+    def finished(self, group: Group, labels: Sequence[str] | None) -> None:
+        """Take how one sent request of ``group`` ended: ``labels`` as the rule read its answers."""
+        part = self._of(group)
+        part.in_engine -= 1
+        part.policy.finished(True, labels, group.tripped, group.trip_failed)
 
-    def group_stands(self, tripped: bool, unprobed: bool) -> None:
-        """Take where a group of the call stands (a trip by a flag ends no request)."""
-        self.policy.learn(tripped, unprobed)
+    def admit(self, engine_busy: Callable[[], bool]) -> None:
+        """Send the held requests the policies now allow, in order (see the module's docstring
+        for when a policy opens); raises AddFailed when a request's ``add_request`` raised."""
+        idle = not engine_busy()
+        for part in self.groups.values():
+            policy = part.policy
+            policy.learn(part.group.tripped, part.group.trip_failed)  # a trip by a flag ends no request
+            while part.held:
+                if part.group.tripped:
+                    self._never_send(part)
+                    break
+                if not (policy.tripped or policy.may_send_more()):
+                    if part.in_engine > 0 and not idle:
+                        break
+                    policy.run_dry()
+                place, add = part.held.popleft()
+                self.waiting.discard(place)
+                if not policy.tripped:
+                    policy.send()
+                part.in_engine += 1
+                _add(add)
 
-    def admit(self, engine_busy: Callable[[], bool], tripped: Callable[[int], bool]) -> None:
-        """Send the held requests the policy now allows, in order; when it allows none and
-        ``engine_busy()`` says the engine has nothing unfinished, open the policy first. An
-        error from a request's ``add_request`` propagates."""
-        while self.held:
-            if not (self.policy.tripped or self.policy.may_send_more()):
-                if engine_busy():
-                    return
-                self.policy.run_dry()
-            place, add = self.held.popleft()
+    def release_all(self) -> None:
+        """Send every held request at once (a tripped group's: never), whatever the policies say;
+        raises AddFailed when a request's ``add_request`` raised."""
+        for part in self.groups.values():
+            if part.group.tripped:
+                self._never_send(part)
+            while part.held:
+                place, add = part.held.popleft()
+                self.waiting.discard(place)
+                _add(add)
+
+    def _never_send(self, part: _Held) -> None:
+        while part.held:
+            place, _ = part.held.popleft()
             self.waiting.discard(place)
-            if tripped(place):
-                self.never_sent.add(place)
-                continue
-            if not self.policy.tripped:
-                self.policy.send()
-            add()
+            self.never_sent.add(place)
+
+
+def _add(add: Callable[[], Any]) -> None:
+    try:
+        add()
+    except Exception as error:
+        raise AddFailed from error

@@ -11,6 +11,7 @@ from typing import Any
 
 from probe.runtime.degeneration import LoopDetector
 from probe.runtime.evidence import Tally
+from probe.runtime.gate import SlowStart
 from probe.runtime.inflight import InFlight
 
 
@@ -28,6 +29,9 @@ class Group:
     inflight: InFlight = field(default_factory=InFlight)
     # Flagged attempts that failed, by the identity of the prompts lm-eval will retry them with.
     retrying: dict[int, Request] = field(default_factory=dict)
+    # The slow start of its requests in lm-eval's in-process vLLM engine, across the
+    # LLM.generate calls they come in (engine_slow_start); None until it applies.
+    engine_slow_start: SlowStart | None = None
 
     def summary(self, tasks: set[str]) -> dict[str, Any]:
         return {

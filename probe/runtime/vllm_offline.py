@@ -38,7 +38,7 @@ from typing import Any
 
 from probe.runtime import replicas, state
 from probe.runtime.answers import BLANK, ShortCircuitAnswer
-from probe.runtime.engine_slow_start import EngineSlowStart
+from probe.runtime.engine_slow_start import AddFailed, EngineSlowStart
 from probe.runtime.groups import Group, Request
 from probe.runtime.integration import Integration
 from probe.runtime.log import say
@@ -142,12 +142,10 @@ class EngineCall:
                 self.finished.add(self.ids[i])
                 self.probe.observe(request, as_response(output))
                 if self.slow is not None:
-                    self.slow.finished(request.labels, request.group.tripped, request.group.trip_failed)
+                    self.slow.finished(request.group, request.labels)
             else:
                 self.partial(i, output)
         for key, group in groups.items():  # after the whole step: what finished in it keeps its answer
-            if self.slow is not None:
-                self.slow.group_stands(group.tripped, group.trip_failed)
             if group.tripped and key not in self.handled:
                 self.handled.add(key)
                 self.abort(group)
@@ -159,14 +157,21 @@ class EngineCall:
         if slow is None:
             return
         try:
-            slow.admit(self.engine.has_unfinished_requests, lambda place: self.requests[place].group.tripped)
-        except Exception:
+            try:
+                slow.admit(self.engine.has_unfinished_requests)
+            except AddFailed:
+                raise
+            except Exception as error:  # the probe's own: nothing may stay held, so all of it goes
+                self.probe.errors.report("vllm slow start", error)
+                slow.release_all()
+        except AddFailed as failed:
             # As LLM.generate does when an add fails: what this call put in the engine is aborted.
             unsent = slow.waiting | slow.never_sent
             sent = [rid for place, rid in enumerate(self.ids) if rid not in self.finished and place not in unsent]
             if sent:
                 self.engine.abort_request(sent)
-            raise
+            cause = failed.__cause__
+            raise (cause or failed) from None
 
     def partial(self, i: int, output: Any) -> None:
         """Feed the new text of the unfinished request ``i``'s choices to the probe."""
@@ -382,7 +387,8 @@ def _recording_add_request(original: Callable) -> Callable:
             return original(self, request_id, *args, **kwargs)
         args, kwargs = _with_watched_params(call, args, kwargs)
         add = partial(original, self, request_id, *args, **kwargs)
-        if call.slow is not None and not call.slow.offer(len(call.ids), add):
+        place = len(call.ids)
+        if call.slow is not None and not call.slow.offer(place, call.requests[place].group, add):
             call.ids.append(str(request_id))
             return str(request_id)  # held: the id LLM.generate gave it, as the engine returns it
         added = add()
@@ -398,7 +404,10 @@ def _counting_held(original: Callable) -> Callable:
         count = original(self, *args, **kwargs)
         call = _CALL.get()
         if call is not None and call.engine is self and call.slow is not None and isinstance(count, int):
-            return count + len(call.slow.held)
+            try:
+                return count + len(call.slow.waiting)
+            except Exception as error:
+                call.probe.errors.report("vllm progress count", error)
         return count
 
     return mark(get_num_unfinished_requests, original)
