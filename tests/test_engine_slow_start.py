@@ -91,6 +91,16 @@ def test_each_group_of_a_never_stopping_model_reaches_the_engine_with_min_sample
     assert slow.never_sent == set(group_of) - set(sent)
 
 
+def test_requests_that_are_not_evidence_are_never_held() -> None:
+    # A task whose max_gen_toks is below MIN_MAX_TOKENS beside one whose is not: the rule never
+    # reads the first's answers, so nothing of it waits for evidence.
+    slow = EngineSlowStart.for_engine(ON, 8, True)
+    assert slow is not None
+    short = Group("short", {})
+    assert all(slow.offer(place, short, lambda: None, evidence=False) for place in range(3 * MIN_SAMPLES))
+    assert not slow.waiting and short.engine_slow_start is None
+
+
 def test_a_groups_budget_spans_its_calls() -> None:
     # --batch_size N: one LLM.generate call per chunk of a group; the second chunk's call
     # sends only what the group's budget has left after the first.

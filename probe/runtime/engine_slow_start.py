@@ -91,9 +91,12 @@ class EngineSlowStart:
             part = self.groups[id(group)] = _Held(group, policy)
         return part
 
-    def offer(self, place: int, group: Group, add: Callable[[], Any]) -> bool:
+    def offer(self, place: int, group: Group, add: Callable[[], Any], evidence: bool = True) -> bool:
         """Whether ``add`` (the engine's ``add_request`` for ``place``, of ``group``) is to run
-        now; else it is held."""
+        now; else it is held. A request that is not evidence (the rule never reads it) runs now,
+        as the gate never holds back a batch whose answers cannot trip anything."""
+        if not evidence:
+            return True
         part = self._of(group)
         if not part.held and part.policy.may_send_more():
             part.policy.send()

@@ -388,7 +388,8 @@ def _recording_add_request(original: Callable) -> Callable:
         args, kwargs = _with_watched_params(call, args, kwargs)
         add = partial(original, self, request_id, *args, **kwargs)
         place = len(call.ids)
-        if call.slow is not None and not call.slow.offer(place, call.requests[place].group, add):
+        request = call.requests[place]
+        if call.slow is not None and not call.slow.offer(place, request.group, add, request.is_evidence):
             call.ids.append(str(request_id))
             return str(request_id)  # held: the id LLM.generate gave it, as the engine returns it
         added = add()
