@@ -35,6 +35,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 GEN_KWARGS = {"until": ["\n\n"], "max_tokens": 200, "temperature": 0}
 # Each prompt ends in another character, so each completion differs (the echo model repeats it).
 ENDINGS = "abcdefghijkl"
+# The closed stream's max_tokens: at the echo model's 640 tokens/s about 12 s of generation.
+# With 1,900 (3 s) CI's busy client twice read its first text only once vLLM had made them all.
+CAP = 8000
 
 
 def generate(lm: Any, chat_format: bool) -> list[str]:
@@ -50,7 +53,10 @@ def generate(lm: Any, chat_format: bool) -> list[str]:
 def echo(tmp_path_factory) -> Iterator[vllm_server.Server]:
     root = tmp_path_factory.mktemp("vllm")
     python = vllm_python()
-    server = vllm_server.start(tiny_llama(python, root / "echo", "echo"), "sim", python, log=root / "vllm.log")
+    model = tiny_llama(python, root / "echo", "echo")
+    # Room for CAP tokens (the tiny Llama holds 8192 positions): a generation long enough to be
+    # closed mid-way on a busy machine.
+    server = vllm_server.start(model, "sim", python, log=root / "vllm.log", max_model_len=CAP + 192)
     try:
         yield server
     finally:
@@ -117,16 +123,17 @@ def test_probed_streamed_lm_eval_gets_the_unprobed_answers_from_vllm(
     assert "could not be reassembled" not in capsys.readouterr().err
 
 
+@pytest.mark.alone  # see scripts/test.sh
 def test_a_closed_stream_is_aborted_by_vllm(echo) -> None:
     # A trip cancels its group's calls in flight; cancelling one closes its stream. Here one is
     # cancelled mid-generation (on vLLM the requests of a wave end in the same engine step, so a
     # trip through lm-eval leaves none mid-generation to watch: the simulated server's test does).
     # As a trip does, the cancel comes from the probe's own feed, at the first text: a test that
     # polled for the text instead could be starved by the stream's reading on a busy machine (in
-    # CI it polled only after 401 texts, when vLLM had generated all 1,900 tokens).
+    # CI it polled only after 401 texts, when vLLM had generated all 1,900 tokens; see CAP).
     probe = state.Probe(Settings())
-    payload = {"model": "sim", "prompt": "Repeat after me: z", "max_tokens": 1900, "temperature": 0}
-    request = probe.request(completions(echo.base_url), {"max_tokens": 1900}, [payload["prompt"]], 1900)
+    payload = {"model": "sim", "prompt": "Repeat after me: z", "max_tokens": CAP, "temperature": 0}
+    request = probe.request(completions(echo.base_url), {"max_tokens": CAP}, [payload["prompt"]], CAP)
     before = vllm_metrics(echo.base_url)
 
     seen: list[str] = []  # the text the probe was fed: the stream is mid-generation once it holds some
@@ -167,7 +174,7 @@ def test_a_closed_stream_is_aborted_by_vllm(echo) -> None:
     # that the request never ran to its cap, and that its tokens stopped accruing.
     generated = after["generation_tokens"] - before["generation_tokens"]
     counters = f"vLLM's counters: {before} before, {after} after; {len(seen)} texts fed"
-    assert 0 < generated < 1900, counters
+    assert 0 < generated < CAP, counters
     assert after["finished_length"] == before["finished_length"], counters
     # It stopped: a moment later the count has not moved on (but for a step's report arriving
     # late), where a generation still running would add hundreds of tokens.
