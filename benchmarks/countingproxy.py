@@ -1,8 +1,7 @@
-"""A pass-through HTTP proxy that records when each generate request arrived and ended.
+"""A pass-through HTTP proxy that records when each generate request arrived.
 
 vLLM's /metrics count requests but do not say when they came; the verdict benchmark
-needs "requests received after the trip", the streaming-cost benchmark the span from the
-first request to the last reply. A reply is passed on as it arrives (a stream piece by piece: a
+needs "requests received after the trip". A reply is passed on as it arrives (a stream piece by piece: a
 proxy that read it whole would hand the probe every streamed token at the end). A client that
 drops its request makes the proxy drop the upstream one, so vLLM still aborts it.
 """
@@ -17,13 +16,11 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 
 class CountingProxy:
-    """Forwards every request to ``upstream``; ``times`` holds generate-request arrivals,
-    ``ended`` the times their replies had been passed on whole."""
+    """Forwards every request to ``upstream``; ``times`` holds generate-request arrivals."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.times: list[float] = []
-        self.ended: list[float] = []
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -59,8 +56,7 @@ class CountingProxy:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        generate = request.method == "POST" and b'"max_tokens"' in body and b'"echo"' not in body
-        if generate:
+        if request.method == "POST" and b'"max_tokens"' in body and b'"echo"' not in body:
             self.times.append(time.time())
         async with self._session.request(
             request.method, self.upstream + request.path_qs, data=body, headers={"Content-Type": "application/json"}
@@ -73,9 +69,7 @@ class CountingProxy:
                     await response.write(piece)
                 await response.write_eof()
             except ConnectionResetError:  # the client left: leaving here drops the upstream request too
-                return response
-        if generate:
-            self.ended.append(time.time())
+                pass
         return response
 
     def stop(self) -> None:
