@@ -68,8 +68,12 @@ class EngineSlowStart:
     width: int  # the engine's max_num_seqs: the concurrency each group's policy is made for
     settings: Settings
     groups: dict[int, _Held] = field(default_factory=dict)
-    waiting: set[int] = field(default_factory=set)  # the places held
     never_sent: set[int] = field(default_factory=set)
+
+    @property
+    def waiting(self) -> set[int]:
+        """The places held now (read at a trip and once a call, never per step)."""
+        return {place for part in self.groups.values() for place, _ in part.held}
 
     @classmethod
     def for_engine(cls, settings: Settings, max_num_seqs: Any, can_be_evidence: bool) -> EngineSlowStart | None:
@@ -103,7 +107,6 @@ class EngineSlowStart:
             part.in_engine += 1
             return True
         part.held.append((place, add))
-        self.waiting.add(place)
         return False
 
     def finished(self, group: Group, labels: Sequence[str] | None) -> None:
@@ -127,8 +130,7 @@ class EngineSlowStart:
                     if part.in_engine > 0 and not idle:
                         break
                     policy.run_dry()
-                place, add = part.held.popleft()
-                self.waiting.discard(place)
+                _, add = part.held.popleft()
                 if not policy.tripped:
                     policy.send()
                 part.in_engine += 1
@@ -141,14 +143,12 @@ class EngineSlowStart:
             if part.group.tripped:
                 self._never_send(part)
             while part.held:
-                place, add = part.held.popleft()
-                self.waiting.discard(place)
+                _, add = part.held.popleft()
                 _add(add)
 
     def _never_send(self, part: _Held) -> None:
         while part.held:
             place, _ = part.held.popleft()
-            self.waiting.discard(place)
             self.never_sent.add(place)
 
 

@@ -157,21 +157,31 @@ class EngineCall:
         if slow is None:
             return
         try:
-            try:
-                slow.admit(self.engine.has_unfinished_requests)
-            except AddFailed:
-                raise
-            except Exception as error:  # the probe's own: nothing may stay held, so all of it goes
-                self.probe.errors.report("vllm slow start", error)
-                slow.release_all()
+            self._admit(slow)
         except AddFailed as failed:
             # As LLM.generate does when an add fails: what this call put in the engine is aborted.
-            unsent = slow.waiting | slow.never_sent
-            sent = [rid for place, rid in enumerate(self.ids) if rid not in self.finished and place not in unsent]
+            sent = self.in_engine()
             if sent:
                 self.engine.abort_request(sent)
-            cause = failed.__cause__
-            raise (cause or failed) from None
+            raise (failed.__cause__ or failed) from None
+
+    def _admit(self, slow: EngineSlowStart) -> None:
+        try:
+            slow.admit(self.engine.has_unfinished_requests)
+        except AddFailed:
+            raise
+        except Exception as error:  # the probe's own: nothing may stay held, so all of it goes
+            self.probe.errors.report("vllm slow start", error)
+            slow.release_all()
+
+    def in_engine(self, group: Group | None = None) -> list[str]:
+        """The engine ids of this call's unfinished requests that were sent (of ``group``, or all)."""
+        unsent = self.slow.waiting | self.slow.never_sent if self.slow is not None else set()
+        return [
+            request_id
+            for place, (request_id, request) in enumerate(zip(self.ids, self.requests, strict=True))
+            if (group is None or request.group is group) and request_id not in self.finished and place not in unsent
+        ]
 
     def partial(self, i: int, output: Any) -> None:
         """Feed the new text of the unfinished request ``i``'s choices to the probe."""
@@ -197,12 +207,7 @@ class EngineCall:
 
     def abort(self, group: Group) -> None:
         """End every unfinished request of ``group`` in the engine, at once."""
-        held = self.slow.waiting if self.slow is not None else set()
-        doomed = [
-            request_id
-            for place, (request_id, request) in enumerate(zip(self.ids, self.requests, strict=True))
-            if request.group is group and request_id not in self.finished and place not in held
-        ]
+        doomed = self.in_engine(group)
         if doomed:
             self.engine.abort_request(doomed)
             self.aborted.update(doomed)
