@@ -98,8 +98,9 @@ title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas
 # runs side by side, at 1,900 and at 8,000 tokens; 0 of 2 alone).
 pass_0413_vllm() {
     local status=0
-    LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" pytest_in .venv "${workers[@]}" -m "vllm and not hf and not alone" || status=$?
-    LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" pytest_in .venv -m "vllm and not hf and alone" || status=$?
+    local -x LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
+    pytest_in .venv "${workers[@]}" -m "vllm and not hf and not alone" || status=$?
+    pytest_in .venv -m "vllm and not hf and alone" || status=$?
     return "$status"
 }
 passes=(inferencex_flow inferencex 0492 0412 0413 0413_hf 0413_vllm)
