@@ -1,7 +1,8 @@
-"""A pass-through HTTP proxy that records when each generate request arrived.
+"""A pass-through HTTP proxy that records when each generate request arrived and ended.
 
 vLLM's /metrics count requests but do not say when they came; the verdict benchmark
-needs "requests received after the trip". A reply is passed on as it arrives (a stream piece by piece: a
+needs "requests received after the trip", the healthy benchmark the generation span (the
+first generate request to the last answer). A reply is passed on as it arrives (a stream piece by piece: a
 proxy that read it whole would hand the probe every streamed token at the end). A client that
 drops its request makes the proxy drop the upstream one, so vLLM still aborts it.
 """
@@ -16,11 +17,13 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 
 class CountingProxy:
-    """Forwards every request to ``upstream``; ``times`` holds generate-request arrivals."""
+    """Forwards every request to ``upstream``; ``times`` holds generate-request arrivals,
+    ``last_completed_at`` when a generate reply was last passed on whole (``time.time()``)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.times: list[float] = []
+        self.last_completed_at = 0.0
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -56,7 +59,8 @@ class CountingProxy:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        if request.method == "POST" and b'"max_tokens"' in body and b'"echo"' not in body:
+        generate = request.method == "POST" and b'"max_tokens"' in body and b'"echo"' not in body
+        if generate:
             self.times.append(time.time())
         async with self._session.request(
             request.method, self.upstream + request.path_qs, data=body, headers={"Content-Type": "application/json"}
@@ -68,6 +72,8 @@ class CountingProxy:
                 async for piece in upstream.content.iter_any():
                     await response.write(piece)
                 await response.write_eof()
+                if generate:
+                    self.last_completed_at = time.time()
             except ConnectionResetError:  # the client left: leaving here drops the upstream request too
                 pass
         return response

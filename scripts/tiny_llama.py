@@ -1,4 +1,4 @@
-"""Build a tiny Llama locally (no download) that vLLM can serve, in six variants.
+"""Build a tiny Llama locally (no download) that vLLM can serve, in seven variants.
 
 - ``never_stop``: its output is one token, repeated forever; it never emits EOS or a
   stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``). Its
@@ -18,6 +18,12 @@
   it emits EOS at once: whether a generation ever stops depends on the prompt.
 - ``varied``: random weights, every one times 3, so its greedy text depends on the prompt
   and, in bfloat16, on the numerics of its batch (which prompts share it, the padding).
+- ``countdown``: a healthy model whose answer lengths vary with the prompt, as a real
+  model's do, and whose text never repeats: its vocabulary also holds a chain of
+  ``CHAIN_LENGTH`` CJK characters, it continues the chain from the prompt's last character
+  and emits EOS after the chain's last one, so the prompt :func:`countdown_prompt` makes for
+  ``n`` gets an answer of exactly ``n`` tokens (``finish_reason: stop``) under greedy
+  decoding.
 
 How: the final RMSNorm's weight is zero, so every logit is exactly 0 and greedy
 decoding picks token 0; ``never_stop``, ``never_stop_wide`` and ``stops`` differ only in which
@@ -27,7 +33,9 @@ every weight that reads its input are zero), so the last hidden state is the sam
 position, and the output head gives the allowed characters logit 0 and the others -34. For
 ``echo`` the layers add nothing (their output projections are zero), the embeddings are
 orthonormal, and the output head is the embedding matrix, so the greedy pick is the current
-token; its EOS row is twice ``~``'s embedding. The rest
+token; its EOS row is twice ``~``'s embedding. ``countdown`` is built the same way, with
+random unit embeddings (more tokens than dimensions) and each chain character's output row
+the embedding of the one before it. The rest
 (random weights, head size 64, a character-level vocabulary, a chat template) keeps
 vLLM's CPU backend and lm-eval's chat path working. Run with the vLLM environment's
 Python: ``python scripts/tiny_llama.py DIR --variant never_stop``.
@@ -42,10 +50,13 @@ from pathlib import Path
 
 FIRST_TOKEN = {
     "never_stop": "a", "never_stop_wide": "abcd", "stops": " 7\n\n", "echo": "~", "babble": "a", "varied": "a",
+    "countdown": "a",
 }  # fmt: skip
 BABBLE = set(string.ascii_lowercase + " ")  # what babble draws from: no stop sequence can form
 BANNED_LOGIT = 34.0  # the babble head's logit for every other token, below the allowed ones
 ECHO_STOP = "~"  # the echo variant's one character followed by EOS
+CHAIN_LENGTH = 2048  # the countdown variant's chain: its longest answer is one less
+CHAIN = [chr(0x4E00 + i) for i in range(CHAIN_LENGTH)]  # CJK ideographs: no stop sequence, no loop
 SPECIALS = ["<s>", "</s>", "<unk>", "<pad>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
@@ -59,7 +70,7 @@ def build(directory: Path, variant: str) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     first = FIRST_TOKEN[variant]
-    chars = [c for c in string.printable if c != first]
+    chars = [c for c in string.printable if c != first] + (CHAIN if variant == "countdown" else [])
     vocab = {token: i for i, token in enumerate([first, *chars, *SPECIALS])}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
@@ -95,6 +106,8 @@ def build(directory: Path, variant: str) -> Path:
                 layer.mlp.down_proj.weight.zero_()
             model.lm_head.weight.copy_(embeddings)
             model.lm_head.weight[vocab["</s>"]] = 2 * embeddings[vocab[ECHO_STOP]]
+        elif variant == "countdown":
+            _countdown(model, [vocab[c] for c in CHAIN], vocab["</s>"])
         elif variant == "babble":
             _babble(model, [token in BABBLE for token in vocab])
         elif variant == "varied":
@@ -107,6 +120,34 @@ def build(directory: Path, variant: str) -> Path:
     fast.save_pretrained(directory)
     (directory / "tiny_llama_variant.json").write_text(json.dumps({"variant": variant, "token_0": first}))
     return directory
+
+
+def countdown_prompt(n: int, lead: str = "") -> str:
+    """A prompt, ``lead`` then a chain character, that the countdown variant answers in exactly
+    ``n`` tokens (1 <= n < CHAIN_LENGTH): the rest of the chain, then EOS."""
+    if not 1 <= n < CHAIN_LENGTH:
+        raise ValueError(f"a countdown answer has 1 to {CHAIN_LENGTH - 1} tokens, not {n}")
+    return lead + CHAIN[CHAIN_LENGTH - 1 - n]
+
+
+def _countdown(model: object, chain: list[int], eos: int) -> None:
+    """Make ``model`` continue ``chain`` from its current token, and end it with ``eos``."""
+    import torch
+
+    for layer in model.model.layers:  # the layers add nothing: the last hidden state is the token's
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    embeddings = torch.nn.functional.normalize(torch.randn(model.config.vocab_size, model.config.hidden_size), dim=1)
+    model.model.embed_tokens.weight.copy_(embeddings)
+    head = torch.zeros_like(embeddings)
+    for here, after in zip(chain, [*chain[1:], eos], strict=True):
+        head[after] = embeddings[here]
+    model.lm_head.weight.copy_(head)
+    # Greedy must pick the next one from every chain character: its logit is the embedding's
+    # squared norm, every other a product of two random unit vectors (a few tenths at most).
+    picked = (embeddings[chain] @ head.T).argmax(dim=1)
+    if picked.tolist() != [*chain[1:], eos]:
+        raise RuntimeError("the countdown chain is ambiguous at this hidden size; raise it")
 
 
 def _babble(model: object, allowed: list[bool]) -> None:

@@ -1,0 +1,54 @@
+"""The tiny Llama's ``countdown`` variant (scripts/tiny_llama.py): the healthy model that
+``benchmarks/bench_healthy.py --server vllm`` serves, whose answer lengths it sets prompt by
+prompt. Checked with transformers' greedy decoding, in the Hugging Face environment."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from support.hf import SCRIPTS, hf_python
+from support.hf import tiny_llama as build_model
+
+sys.path.insert(0, str(SCRIPTS))
+from tiny_llama import CHAIN, CHAIN_LENGTH, countdown_prompt
+
+pytestmark = [pytest.mark.hf, pytest.mark.release_independent]
+
+LENGTHS = (1, 2, 37, 300, CHAIN_LENGTH - 1)
+
+_GENERATE = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+directory, prompts = sys.argv[1], json.loads(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(directory)
+model = AutoModelForCausalLM.from_pretrained(directory)
+answers = []
+for prompt in prompts:
+    ids = tokenizer(prompt, return_tensors="pt")
+    new = model.generate(**ids, max_new_tokens=2100, do_sample=False)[0, ids["input_ids"].shape[1]:]
+    answers.append({"tokens": len(new), "eos": new[-1].item() == tokenizer.eos_token_id,
+                    "text": tokenizer.decode(new, skip_special_tokens=True)})
+print(json.dumps(answers))
+"""
+
+
+def test_a_countdown_prompt_for_n_is_answered_with_n_chain_tokens_then_eos(tmp_path) -> None:
+    model = build_model(tmp_path / "countdown", "countdown")
+    prompts = [countdown_prompt(n, f"Item {n}, go on: ") for n in LENGTHS]
+    run = subprocess.run(
+        [hf_python(), "-c", _GENERATE, str(model), json.dumps(prompts)], capture_output=True, text=True, check=True
+    )
+    answers = json.loads(run.stdout.splitlines()[-1])
+    assert [(a["tokens"], a["eos"], a["text"]) for a in answers] == [
+        (n + 1, True, "".join(CHAIN[-n:])) for n in LENGTHS
+    ]
+    assert len(set("".join(CHAIN))) == CHAIN_LENGTH  # the text never repeats a character
+
+
+@pytest.mark.parametrize("n", [0, CHAIN_LENGTH, -3])
+def test_a_countdown_length_outside_the_chain_is_refused(n: int) -> None:
+    with pytest.raises(ValueError, match="countdown answer has 1 to"):
+        countdown_prompt(n)
