@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import vllm_server  # noqa: E402
 from countingproxy import CountingProxy  # noqa: E402
+from support.hf import write_task_file  # noqa: E402
 from support.importtime import sitecustomize_cost  # noqa: E402
 from tiny_llama import CHAIN, CHAIN_LENGTH, countdown_prompt  # noqa: E402
 
@@ -77,43 +78,18 @@ def mean_tokens(profile: str) -> float:
     return median * math.exp(sigma**2 / 2)
 
 
-_COUNTDOWN_YAML = """task: probe_countdown
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{prompt}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n\\n"]
-  max_gen_toks: 64
-  temperature: 0
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1
-"""
-
-
 def write_countdown_task(directory: Path, n_docs: int, profile: str) -> LocalTask:
     """``n_docs`` prompts the countdown model answers in lengths drawn from ``profile``
     (seeded, so every run asks the same), each answer its exact match: a score of 1.0."""
     median, sigma = LENGTHS[profile]  # type: ignore[misc]
     draw = random.Random(0)
-    directory.mkdir(parents=True, exist_ok=True)
-    data = directory / "probe_countdown.jsonl"
-    with data.open("w", encoding="utf-8") as handle:
-        for i in range(n_docs):
-            length = min(CHAIN_LENGTH - 1, max(1, round(draw.lognormvariate(math.log(median), sigma))))
-            row = {"prompt": countdown_prompt(length, f"Item {i}, go on: "), "answer": "".join(CHAIN[-length:])}
-            handle.write(json.dumps(row) + "\n")
-    yaml = directory / "probe_countdown.yaml"
-    yaml.write_text(_COUNTDOWN_YAML.format(data=data.resolve()), encoding="utf-8")
-    return LocalTask(yaml.resolve(), "probe_countdown")
+    docs = []
+    for i in range(n_docs):
+        length = min(CHAIN_LENGTH - 1, max(1, round(draw.lognormvariate(math.log(median), sigma))))
+        docs.append({"text": countdown_prompt(length, f"Item {i}, go on: "), "answer": "".join(CHAIN[-length:])})
+    fields = {"generation_kwargs": {"until": ["\n\n"], "temperature": 0}, "metric_list": [{"metric": "exact_match"}]}
+    written = write_task_file(directory, "probe_countdown", "gsm8k", "generate_until", fields, docs)
+    return LocalTask(written.yaml, written.name)
 
 
 def build_countdown(python: str, work: Path) -> Path:

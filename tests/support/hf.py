@@ -75,17 +75,20 @@ def write_prompts_task(directory: Path, texts: list[str], name: str = "probe_pro
         "generation_kwargs": {"until": ["Question:"], "temperature": 0},
         "metric_list": [{"metric": "exact_match"}],
     }
-    return _write(directory, name, "gsm8k_cot", "generate_until", fields, [{"text": t, "answer": "x"} for t in texts])
+    docs = [{"text": t, "answer": "x"} for t in texts]
+    return write_task_file(directory, name, "gsm8k_cot", "generate_until", fields, docs)
 
 
 def write_choice_task(directory: Path, n_docs: int) -> Task:
     """A loglikelihood (multiple-choice) task of ``n_docs`` questions."""
     docs = [{"text": f"Pick {i}:", "answer": i % 4} for i in range(n_docs)]
     fields = {"doc_to_choice": ["~", "x", "a", "7"], "metric_list": [{"metric": "acc"}]}
-    return _write(directory, "probe_choice", "arc_easy", "multiple_choice", fields, docs)
+    return write_task_file(directory, "probe_choice", "arc_easy", "multiple_choice", fields, docs)
 
 
-def _write(directory: Path, name: str, builtin: str, output_type: str, fields: dict, docs: list[dict]) -> Task:
+def write_task_file(directory: Path, name: str, builtin: str, output_type: str, fields: dict, docs: list[dict]) -> Task:
+    """Write ``docs`` (JSONL, each with ``text`` and ``answer``) and the task ``name`` reading them
+    (``_config`` plus ``fields``; named ``builtin`` where the release needs a known name)."""
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / f"{name}.jsonl"
     data.write_text("".join(json.dumps(doc) + "\n" for doc in docs), encoding="utf-8")
