@@ -34,7 +34,8 @@ def _lm_eval(site: Path | None, server, task, output: Path, endpoint: str, batch
         command[at] = "local-chat-completions"
         command[at + 2] = command[at + 2].replace("/v1/completions", "/v1/chat/completions")
         command.append("--apply_chat_template")
-    env = offline_env(site, RESULT_DIR=str(output))
+    # Every request streamed (under auto, only those sent while the verdict is open).
+    env = offline_env(site, RESULT_DIR=str(output), **{ENV_STREAM: "on"})
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "could not be reassembled" not in run.stderr

@@ -11,7 +11,8 @@ behaves like a chosen kind of model:
   vary) or ``reasoning`` (around 3,000, as a thinking model's do), fixed per prompt;
 - ``mixed``: a chosen fraction of prompts (picked by a hash of the prompt) runs to the cap;
   with ``cap_min_chars``, the prompts at least that long do instead (cap-hitting that
-  follows prompt length, as lm-eval sends the longest first);
+  follows prompt length, as lm-eval sends the longest first); with ``cap_loop`` (one of the
+  loop modes below) their text loops that way instead of rambling;
 - ``repetition``: vLLM's repetition detector ends every generation (``repetition``);
 - ``window``: every generation hits the context window (``length`` below ``max_tokens``);
 - ``hidden_cap``: every generation runs to ``max_tokens`` but is reported as ``stop`` (a
@@ -42,7 +43,8 @@ connection: a transport error while the body is read).
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
 requests are answered with that ``finish_reason`` instead (``"error"``, ``"timeout"``, any
 string), with no choices at all (``"no_choices"``) or with a nonsense body (``"malformed"``),
-whatever the mode.
+whatever the mode. ``turn_after``: the generate requests after the first ``turn_after`` run
+every prompt to the cap, looping as ``cap_loop`` says (a model that turns bad mid-run).
 
 A token clock (seconds per generated token) makes generations take time; when a client
 drops a request, the tokens generated so far are counted and the request is counted
@@ -161,9 +163,13 @@ class SimServer:
         seed: int = 0,
         reasoning_field: str = "reasoning_content",
         stream_quirk: str | None = None,
+        cap_loop: str | None = None,
+        turn_after: int | None = None,
     ) -> None:
         if stream_quirk not in STREAM_QUIRKS:
             raise ValueError(f"unknown stream quirk {stream_quirk!r}")
+        if cap_loop not in (None, *LOOPS):
+            raise ValueError(f"unknown cap_loop {cap_loop!r}; choose one of {', '.join(LOOPS)}")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if lengths not in LENGTHS:
@@ -182,6 +188,8 @@ class SimServer:
         self.seed = seed
         self.reasoning_field = reasoning_field
         self.stream_quirk = stream_quirk
+        self.cap_loop = cap_loop
+        self.turn_after = turn_after
         self.stats = Stats()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -271,11 +279,12 @@ class SimServer:
             self.stats.generate_requests += 1
             self.stats.generate_request_times.append(time.time())
             first = self.stats.generate_requests <= self.first_n
+            turned = self.turn_after is not None and self.stats.generate_requests > self.turn_after
         if first:
             return await self._respond(request, payload, self._first_answer(prompts, chat))
         if self.mode == "malformed":
             return web.json_response(self.malformed_body)
-        plans = [self._plan(prompt, max_tokens) for prompt in prompts]
+        plans = [self._plan(prompt, max_tokens, turned) for prompt in prompts]
         longest = max(tokens for _, tokens, _ in plans)
         # Jitter stretches each request's clock by up to that fraction, so that requests
         # started together do not all end in the same instant.
@@ -413,8 +422,11 @@ class SimServer:
             return {"message": {"role": "assistant", "content": text, self.reasoning_field: thinking}}
         return {"message": {"role": "assistant", "content": text or None}}
 
-    def _plan(self, prompt: str, max_tokens: int) -> tuple[str, int, str]:
-        """(text, tokens, finish_reason) for one prompt; one token is one short word."""
+    def _plan(self, prompt: str, max_tokens: int, turned: bool = False) -> tuple[str, int, str]:
+        """(text, tokens, finish_reason) for one prompt (``turned``: past ``turn_after``); one
+        token is one short word."""
+        if turned or (self.cap_loop is not None and self.at_cap(prompt)):
+            return loop_text(self.cap_loop or "loop_short", f"{self.seed}:{prompt}", max_tokens), max_tokens, "length"
         if self.loop_marker is not None and self.loop_marker in prompt:
             return self._rambling(prompt, max_tokens), max_tokens, "length"
         if self.mode == "window":

@@ -3,7 +3,8 @@
 - ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate (which starts slow and
   learns from each finished call), runs as a task of its own so that a trip can cancel it,
   and answers blank once its group has tripped; its generate requests are streamed where the
-  payload and the knob allow (``streamed_post``), so that the probe sees the text as it comes.
+  payload and the knob allow (``streamed_post``) while its group's verdict is open, so that the
+  probe sees the text as it comes.
 - ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
 - ``generate_until`` sorts a group's requests in a seeded sample order instead of lm-eval's
   longest first (``order``), on both paths: what the sync path sends next, and which prompts
@@ -156,11 +157,14 @@ def _streaming(
 ) -> tuple[tuple, dict]:
     """The call's arguments, its session replaced by one that streams (``streamed_post``)
     when the knob allows and the loop detector would read the text (it is on, and the request
-    is evidence); the arguments unchanged otherwise, and on any error."""
+    is evidence) and its group's verdict is open (``Probe.worth_streaming``); the arguments
+    unchanged otherwise, and on any error."""
     if not wanted(probe.settings, [request]):
         return args, kwargs
     mode = probe.settings.stream
     try:
+        if not probe.worth_streaming(request):
+            return args, kwargs
         bound = _SIGNATURES[original].bind(lm, *args, **kwargs)
         session = bound.arguments.get("session")
         if session is None:

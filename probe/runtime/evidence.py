@@ -19,7 +19,7 @@ from probe.runtime.contract import (
     REPETITION,
     Settings,
 )
-from probe.runtime.rule import rule_fires
+from probe.runtime.rule import rule_fires, verdict_open
 
 # finish_reason values that mean "the model did not choose to stop".
 PATHOLOGICAL_REASONS = ("length", "repetition")
@@ -225,6 +225,10 @@ class Tally:
 
     def fires(self, settings: Settings) -> bool:
         return rule_fires(self.observed, self.pathological, settings.min_samples, settings.length_ratio)
+
+    def verdict_open(self, settings: Settings) -> bool:
+        """Whether evidence from more streamed requests could still bring the verdict sooner (see rule)."""
+        return verdict_open(self.observed, self.pathological, settings.min_samples, settings.length_ratio)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# Streamed evidence is worth its cost while the pathological share is at least this fraction of
+# the trip ratio (see verdict_open).
+REACH = 0.5
+
 
 def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio: float) -> bool:
     """True once ``observed >= min_samples`` and ``pathological >= length_ratio * observed``.
@@ -12,3 +16,19 @@ def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio:
         return False
     # A small tolerance so that, say, 7 of 10 meets a ratio of 0.7 despite float rounding.
     return pathological >= length_ratio * observed - 1e-9
+
+
+def verdict_open(observed: int, pathological: int, min_samples: int, length_ratio: float) -> bool:
+    """Whether the rule's verdict is still open: fewer than ``min_samples`` observed, a
+    pathological share of at least ``REACH`` of the ratio, or one more pathological observation
+    would fire the rule. Judged from the share observed, whatever is still in flight.
+
+    A closed verdict cannot fire on its next observation, and before the rule can fire from one,
+    the share climbs past ``REACH * length_ratio``, where the verdict is open again: a group
+    whose verdict is closed gains nothing from streamed evidence until then.
+    """
+    if observed < min_samples:
+        return True
+    if pathological >= REACH * length_ratio * observed - 1e-9:
+        return True
+    return rule_fires(observed + 1, pathological + 1, min_samples, length_ratio)

@@ -143,6 +143,13 @@ class Probe:
                 evidence.cancelled += cancelled
         return blanks(request.n_answers)
 
+    def worth_streaming(self, request: Request) -> bool:
+        """Whether ``request`` should be streamed, its partial output read as it comes: under
+        HYPERLOOM_EVAL_PROBE_STREAM=on always; under ``auto`` while its group's verdict is open
+        (``rule.verdict_open``), since a stream costs the server an event per token."""
+        with self.lock:
+            return self.settings.stream == "on" or request.group.tally.verdict_open(self.settings)
+
     def partial(self, request: Request, index: int, text: str) -> None:
         """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
         part, in order). Feeds that choice's degeneration detector; the first time it flags,

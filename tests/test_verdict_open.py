@@ -1,0 +1,124 @@
+"""Streaming while the verdict is open (``HYPERLOOM_EVAL_PROBE_STREAM=auto``): the rule's
+property, exhaustively, then real lm-eval against the simulated server: a healthy run stops
+streaming after its first observations, a model looping on most prompts still trips on what
+its streams show, and a model that turns bad mid-run is streamed again once the share climbs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from support.lm import GEN_KWARGS, completions, generate, probe_installed
+
+from probe.runtime import contract, rule
+
+RATIOS = (1e-6, 0.05, 0.1, 0.3, 0.5, 0.75, 0.9, 1.0)
+
+
+@pytest.mark.release_independent
+@pytest.mark.parametrize("min_samples", [1, 2, 5, 16])
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_a_closed_verdict_cannot_fire_on_its_next_observation(min_samples: int, ratio: float) -> None:
+    for observed in range(0, 121):
+        for pathological in range(0, observed + 1):
+            is_open = rule.verdict_open(observed, pathological, min_samples, ratio)
+            if rule.rule_fires(observed, pathological, min_samples, ratio):
+                assert is_open, (observed, pathological)
+            if not is_open:
+                # Whatever the next observation shows, the rule does not fire on it.
+                assert not rule.rule_fires(observed + 1, pathological + 1, min_samples, ratio)
+                assert not rule.rule_fires(observed + 1, pathological, min_samples, ratio)
+
+
+@pytest.mark.release_independent
+@pytest.mark.parametrize("min_samples", [1, 2, 5, 16])
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_every_path_from_closed_to_a_trip_reopens_the_verdict_first(min_samples: int, ratio: float) -> None:
+    # The worst path for a closed verdict: every further observation pathological. The state
+    # just before the rule fires is open, and so is every state from where the share reaches
+    # REACH of the ratio: streaming resumes before the trip, never only at it.
+    for observed in range(min_samples, 81):
+        for pathological in range(0, observed + 1):
+            if rule.verdict_open(observed, pathological, min_samples, ratio):
+                continue
+            o, p = observed, pathological
+            # (At a ratio of 1 a single healthy observation means the rule can never fire.)
+            while not rule.rule_fires(o + 1, p + 1, min_samples, ratio) and o < 10 * observed:
+                o, p = o + 1, p + 1
+                if p >= rule.REACH * ratio * o:
+                    assert rule.verdict_open(o, p, min_samples, ratio), (observed, pathological, o, p)
+            if rule.rule_fires(o + 1, p + 1, min_samples, ratio):
+                assert rule.verdict_open(o, p, min_samples, ratio)
+
+
+@pytest.mark.release_independent
+@pytest.mark.parametrize("ratio", [0.5, 0.75, 0.9])
+def test_a_healthy_share_closes_the_verdict_once_min_samples_are_observed(ratio: float) -> None:
+    assert all(rule.verdict_open(observed, 0, 16, ratio) for observed in range(16))
+    assert not any(rule.verdict_open(observed, 0, 16, ratio) for observed in range(16, 2000))
+    # A healthy run's share of answers at the cap (0.2 here) below REACH of the ratio: closed.
+    assert not rule.verdict_open(1000, 200, 16, 0.75)
+    assert rule.verdict_open(1000, 380, 16, 0.75)
+
+
+def _settled(server) -> dict:
+    returned = time.monotonic()
+    while server.snapshot()["in_flight"] and time.monotonic() - returned < 5:
+        time.sleep(0.01)
+    return server.snapshot()
+
+
+def _run(server, result_dir, n: int, concurrency: int, max_tokens: int = 4096) -> tuple[dict, dict | None]:
+    with probe_installed() as probe:
+        generate(completions(server.base_url, num_concurrent=concurrency), n, {**GEN_KWARGS, "max_tokens": max_tokens})
+        probe.finalise()
+        document = probe.evidence_document()
+    sidecar = result_dir / contract.SIDECAR_NAME
+    return _settled(server) | {"evidence": document}, json.loads(sidecar.read_text()) if sidecar.exists() else None
+
+
+@pytest.mark.parametrize("concurrency", [4, 16])
+def test_a_healthy_run_streams_only_until_min_samples_are_observed(sim, result_dir, concurrency) -> None:
+    server = sim("healthy", lengths="lognormal", seconds_per_token=0.00005)
+    stats, sidecar = _run(server, result_dir, 96, concurrency)
+    assert sidecar is None and stats["generate_requests"] == 96
+    # Each request is sent streamed only while fewer than MIN_SAMPLES (16) have been observed:
+    # at most 16 + the requests in flight at once.
+    assert 16 <= stats["streamed"] <= 16 + concurrency
+    assert stats["evidence"]["groups"][0]["flagged"] == 0
+
+
+def test_with_the_knob_on_a_healthy_run_streams_every_request(sim, result_dir, monkeypatch) -> None:
+    monkeypatch.setenv(contract.ENV_STREAM, "on")
+    server = sim("healthy", lengths="lognormal", seconds_per_token=0.00005)
+    stats, sidecar = _run(server, result_dir, 48, 8)
+    assert sidecar is None and stats["streamed"] == stats["generate_requests"] == 48
+
+
+@pytest.mark.parametrize("concurrency", [4, 16, 64])
+def test_a_model_looping_on_most_prompts_trips_on_what_its_streams_show(sim, result_dir, concurrency) -> None:
+    # 80% of prompts loop to the cap; the rest are answered at once, so healthy observations
+    # come in first, while the loops are still being read.
+    server = sim("mixed", cap_fraction=0.8, cap_loop="loop_short", seconds_per_token=0.0005)  # 2 s a loop
+    stats, sidecar = _run(server, result_dir, 400, concurrency)
+    assert sidecar is not None and sidecar["verdict"]["cause"] == contract.REPETITION
+    # The trip came from flags, before any loop ran to the cap (each took 2 s).
+    assert sidecar["verdict"]["flagged"] >= 0.75 * 16 - 4
+    assert all(ending != "length" for ending in stats["evidence"]["groups"][0]["finish_reasons"])
+
+
+def test_a_model_that_turns_bad_mid_run_is_streamed_again_and_trips(sim, result_dir) -> None:
+    # Healthy for its first 40 requests, then looping on every prompt: the verdict closes after
+    # the first observations, the share climbs with each loop that runs to the cap, and once it
+    # reaches REACH of the ratio the requests are streamed again and the loops are flagged.
+    server = sim("healthy", turn_after=40, cap_loop="loop_short", seconds_per_token=0.00005)  # 0.2 s a loop
+    stats, sidecar = _run(server, result_dir, 400, 8)
+    assert sidecar is not None
+    group = stats["evidence"]["groups"][0]
+    assert group["tripped"] and group["flagged"] > 0
+    at_cap = group["finish_reasons"].get("length", 0)
+    # Loops sent while the verdict was closed ran to the cap, until the share reached REACH of
+    # the ratio (at_cap >= 0.375 * (40 + at_cap): 24), and a wave in flight after that.
+    assert 0 < at_cap <= 24 + 8
+    assert stats["streamed"] > 40
