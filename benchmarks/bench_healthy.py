@@ -120,7 +120,7 @@ class ServedCountdown:
 
     def snapshot(self) -> dict[str, Any]:
         times = list(self.proxy.times)
-        return {"generate_requests": len(times), "generate_request_times": times,
+        return {"generate_requests": len(times), "generate_request_times": times, "streamed": self.proxy.streamed,
                 "last_completed_at": self.proxy.last_completed_at}  # fmt: skip
 
     def __exit__(self, *exc: object) -> None:
@@ -129,20 +129,22 @@ class ServedCountdown:
 
 
 # One run of lm-eval for an arm: given its output directory and environment, it returns the
-# generation span (from the first generate request to the last answer).
-Run = Callable[[Path, dict[str, str]], float]
+# generation span (from the first generate request to the last answer) and how many of its
+# generate requests were streamed.
+Run = Callable[[Path, dict[str, str]], tuple[float, int]]
 
 
 def served_run(server: Any, task: LocalTask, model: str, max_tokens: int, concurrency: int) -> Run:
     """lm-eval's completions client against ``server`` (the simulated one, or ServedCountdown),
-    its span read from the server's own record of requests and answers."""
+    its span and streamed requests read from the server's own record of requests and answers."""
 
-    def run(output: Path, env: dict[str, str]) -> float:
+    def run(output: Path, env: dict[str, str]) -> tuple[float, int]:
         command = task.lm_eval_command(server.base_url, model, output, max_tokens, concurrency, "--log_samples")
-        seen = server.snapshot()["generate_requests"]
+        before = server.snapshot()
         subprocess.run(command, env=env, check=True, capture_output=True)
         stats = server.snapshot()
-        return stats["last_completed_at"] - stats["generate_request_times"][seen]
+        span = stats["last_completed_at"] - stats["generate_request_times"][before["generate_requests"]]
+        return span, stats["streamed"] - before["streamed"]
 
     return run
 
@@ -157,6 +159,7 @@ def healthy_runs(
     # From the first generate request to the last answer: the wall time without lm-eval's
     # start-up and scoring, i.e. the part the slow start can change, as in a long real run.
     spans: dict[str, list[float]] = {label: [] for label in labels}
+    streamed: dict[str, list[int]] = {label: [] for label in labels}
     answers: dict[str, list] = {}
     scores: dict[str, set] = {label: set() for label in labels}
     jobs = [(rep, label) for rep in range(args.reps) for label in labels]
@@ -169,7 +172,9 @@ def healthy_runs(
         env[ENV_STREAM] = args.stream
         env.update(EXTRA_ARMS.get(label, {}))
         started = time.monotonic()
-        spans[label].append(run(output, env))
+        span, streamed_requests = run(output, env)
+        spans[label].append(span)
+        streamed[label].append(streamed_requests)
         walls[label].append(time.monotonic() - started)
         (samples,) = output.glob("*/samples_*.jsonl")
         rows = sorted((json.loads(line) for line in samples.read_text().splitlines()), key=lambda r: r["doc_id"])
@@ -189,12 +194,14 @@ def healthy_runs(
         "unprobed_span_s": [round(w, 2) for w in spans["unprobed"]],
         "probed_span_s": [round(w, 2) for w in spans["probed"]],
         "span_ratio_median": round(span_ratio, 4),
+        "probed_streamed": streamed["probed"],
         "identical_answers": answers["probed"] == answers["unprobed"],
         "scores": {k: sorted(v) for k, v in scores.items()},
         "arms": {
             label: {
                 "span_s": [round(w, 2) for w in spans[label]],
                 "span_ratio_median": round(statistics.median(spans[label]) / statistics.median(spans["unprobed"]), 4),
+                "streamed": streamed[label],
                 "identical_answers": answers[label] == answers["unprobed"],
             }
             for label in args.extra_arms
@@ -306,10 +313,11 @@ def main() -> None:
               f"unprobed {h['unprobed_wall_s']} s, probed {h['probed_wall_s']} s, "
               f"median ratio {h['wall_ratio_median']} (target <= 1.02); generation spans: unprobed "
               f"{h['unprobed_span_s']} s, probed {h['probed_span_s']} s, median ratio {h['span_ratio_median']}; "
-              f"identical answers {h['identical_answers']}; scores {h['scores']}")  # fmt: skip
+              f"streamed requests {h['probed_streamed']}; identical answers {h['identical_answers']}; "
+              f"scores {h['scores']}")  # fmt: skip
         for arm, a in h["arms"].items():
             print(f"    {arm}: spans {a['span_s']} s, median ratio {a['span_ratio_median']}, "
-                  f"identical answers {a['identical_answers']}")  # fmt: skip
+                  f"streamed requests {a['streamed']}, identical answers {a['identical_answers']}")  # fmt: skip
     s = result["startup"]
     print(f"start-up (median of {s['runs']} runs of python3 -X importtime -c pass, PYTHONDONTWRITEBYTECODE=1):")
     for name in ("one_line", "probe_patch_mode", "probe_standalone"):

@@ -18,11 +18,13 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 class CountingProxy:
     """Forwards every request to ``upstream``; ``times`` holds generate-request arrivals,
-    ``last_completed_at`` when a generate reply was last passed on whole (``time.time()``)."""
+    ``streamed`` how many of them asked for a stream, ``last_completed_at`` when a generate reply
+    was last passed on whole (``time.time()``)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.times: list[float] = []
+        self.streamed = 0
         self.last_completed_at = 0.0
         self.port = 0
         self._loop = asyncio.new_event_loop()
@@ -62,6 +64,7 @@ class CountingProxy:
         generate = request.method == "POST" and b'"max_tokens"' in body and b'"echo"' not in body
         if generate:
             self.times.append(time.time())
+            self.streamed += b'"stream": true' in body
         async with self._session.request(
             request.method, self.upstream + request.path_qs, data=body, headers={"Content-Type": "application/json"}
         ) as upstream:
