@@ -53,6 +53,15 @@ def test_every_path_from_closed_to_a_trip_reopens_the_verdict_first(min_samples:
 
 
 @pytest.mark.release_independent
+@pytest.mark.parametrize("min_samples", [1, 2, 5, 16, 40])
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_no_verdict_closes_on_fewer_than_close_after_observations(min_samples: int, ratio: float) -> None:
+    # A single early stop is a share of 0: too few to stop reading the loops sent beside it.
+    for observed in range(max(min_samples, rule.CLOSE_AFTER)):
+        assert all(rule.verdict_open(observed, p, min_samples, ratio) for p in range(observed + 1))
+
+
+@pytest.mark.release_independent
 @pytest.mark.parametrize("ratio", [0.5, 0.75, 0.9])
 def test_a_healthy_share_closes_the_verdict_once_min_samples_are_observed(ratio: float) -> None:
     assert all(rule.verdict_open(observed, 0, 16, ratio) for observed in range(16))
@@ -96,15 +105,29 @@ def test_with_the_knob_on_a_healthy_run_streams_every_request(sim, result_dir, m
     assert sidecar is None and stats["streamed"] == stats["generate_requests"] == 48
 
 
-@pytest.mark.parametrize("concurrency", [4, 16, 64])
-def test_a_model_looping_on_most_prompts_trips_on_what_its_streams_show(sim, result_dir, concurrency) -> None:
+@pytest.mark.parametrize(
+    ("concurrency", "min_samples", "n", "max_tokens"),
+    [
+        (4, 16, 400, 4096),
+        (16, 16, 400, 4096),
+        (64, 16, 400, 4096),
+        # MIN_SAMPLES=1: the slow start sends one request, and its stop (the seeded sample's first
+        # prompt is a healthy one here) lets 32 more out at once, which must still be read.
+        (16, 1, 200, 8192),
+    ],
+)
+def test_a_model_looping_on_most_prompts_trips_on_what_its_streams_show(
+    sim, result_dir, monkeypatch, concurrency, min_samples, n, max_tokens
+) -> None:
     # 80% of prompts loop to the cap; the rest are answered at once, so healthy observations
     # come in first, while the loops are still being read.
-    server = sim("mixed", cap_fraction=0.8, cap_loop="loop_short", seconds_per_token=0.0005)  # 2 s a loop
-    stats, sidecar = _run(server, result_dir, 400, concurrency)
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, str(min_samples))
+    clock = 8192 / max_tokens * 0.0002  # 1.6 s a loop
+    server = sim("mixed", cap_fraction=0.8, cap_loop="loop_short", seconds_per_token=clock)
+    stats, sidecar = _run(server, result_dir, n, concurrency, max_tokens)
     assert sidecar is not None and sidecar["verdict"]["cause"] == contract.REPETITION
     # The trip came from flags, before any loop ran to the cap (each took 2 s).
-    assert sidecar["verdict"]["flagged"] >= 0.75 * 16 - 4
+    assert sidecar["verdict"]["flagged"] >= max(1, 0.75 * min_samples - 4)
     assert all(ending != "length" for ending in stats["evidence"]["groups"][0]["finish_reasons"])
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 # Streamed evidence is worth its cost while the pathological share is at least this fraction of
 # the trip ratio (see verdict_open).
 REACH = 0.5
+# The fewest observations whose share may close the verdict, whatever MIN_SAMPLES says: healthy
+# answers that end soon come back before the loops streamed beside them are flagged, and with
+# MIN_SAMPLES=1 a single early stop closed it while the slow start let a whole wave out unstreamed
+# (a model looping on 80% of prompts then tripped on the cap, not on its loops).
+CLOSE_AFTER = 16
 
 
 def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio: float) -> bool:
@@ -19,15 +24,16 @@ def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio:
 
 
 def verdict_open(observed: int, pathological: int, min_samples: int, length_ratio: float) -> bool:
-    """Whether the rule's verdict is still open: fewer than ``min_samples`` observed, a
-    pathological share of at least ``REACH`` of the ratio, or one more pathological observation
-    would fire the rule. Judged from the share observed, whatever is still in flight.
+    """Whether the rule's verdict is still open: fewer than ``min_samples`` (and than
+    ``CLOSE_AFTER``) observed, a pathological share of at least ``REACH`` of the ratio, or one more
+    pathological observation would fire the rule. Judged from the share observed, whatever is
+    still in flight.
 
     A closed verdict cannot fire on its next observation, and before the rule can fire from one,
     the share climbs past ``REACH * length_ratio``, where the verdict is open again: a group
     whose verdict is closed gains nothing from streamed evidence until then.
     """
-    if observed < min_samples:
+    if observed < max(min_samples, CLOSE_AFTER):
         return True
     if pathological >= REACH * length_ratio * observed - 1e-9:
         return True
