@@ -32,6 +32,30 @@ def test_a_closed_verdict_cannot_fire_on_its_next_observation(min_samples: int, 
 
 
 @pytest.mark.release_independent
+@pytest.mark.parametrize("min_samples", [1, 16, 40])
+@pytest.mark.parametrize("ratio", RATIOS)
+@pytest.mark.parametrize("unwatched", [1, 3, 10, 64])
+def test_a_closed_verdict_cannot_fire_whatever_its_unwatched_generations_show(
+    min_samples: int, ratio: float, unwatched: int
+) -> None:
+    # Sent unstreamed, a loop shows only when it reaches the cap: each unwatched generation in
+    # flight is judged as if it were one, so that a closed verdict stays closed only while even
+    # all of them, and one more, could not fire the rule.
+    for observed in range(0, 121):
+        for pathological in range(0, observed + 1):
+            if rule.verdict_open(observed, pathological, min_samples, ratio, unwatched):
+                continue
+            for shown in range(unwatched + 1):
+                settled = observed + unwatched + 1, pathological + shown + 1
+                assert not rule.rule_fires(*settled, min_samples, ratio), (observed, pathological, shown)
+    # More unwatched generations never close an open verdict.
+    for observed in range(16, 121, 7):
+        for pathological in range(0, observed + 1, 3):
+            if rule.verdict_open(observed, pathological, min_samples, ratio):
+                assert rule.verdict_open(observed, pathological, min_samples, ratio, unwatched)
+
+
+@pytest.mark.release_independent
 @pytest.mark.parametrize("min_samples", [1, 2, 5, 16])
 @pytest.mark.parametrize("ratio", RATIOS)
 def test_every_path_from_closed_to_a_trip_reopens_the_verdict_first(min_samples: int, ratio: float) -> None:

@@ -148,6 +148,7 @@ async def _run_async(
         answered = True
         return answers
     finally:
+        probe.ended(request)
         if gate is not None:
             _release(probe, gate, answered, request)
 

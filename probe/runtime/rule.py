@@ -23,18 +23,20 @@ def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio:
     return pathological >= length_ratio * observed - 1e-9
 
 
-def verdict_open(observed: int, pathological: int, min_samples: int, length_ratio: float) -> bool:
+def verdict_open(observed: int, pathological: int, min_samples: int, length_ratio: float, unwatched: int = 0) -> bool:
     """Whether the rule's verdict is still open: fewer than ``min_samples`` (and than
-    ``CLOSE_AFTER``) observed, a pathological share of at least ``REACH`` of the ratio, or one more
-    pathological observation would fire the rule. Judged from the share observed, whatever is
-    still in flight.
+    ``CLOSE_AFTER``) observed, or, counting each of the ``unwatched`` generations in flight (sent
+    unstreamed because the verdict was closed: a loop among them shows only at the cap) as
+    pathological, a share of at least ``REACH`` of the ratio, or one more pathological
+    observation would fire the rule.
 
-    A closed verdict cannot fire on its next observation, and before the rule can fire from one,
-    the share climbs past ``REACH * length_ratio``, where the verdict is open again: a group
-    whose verdict is closed gains nothing from streamed evidence until then.
+    A closed verdict cannot fire before it reopens, whatever the unwatched generations turn out
+    to be: not on the next observation, and on the way to a trip the share climbs past
+    ``REACH * length_ratio``, where it is open again.
     """
     if observed < max(min_samples, CLOSE_AFTER):
         return True
+    observed, pathological = observed + unwatched, pathological + unwatched
     if pathological >= REACH * length_ratio * observed - 1e-9:
         return True
     return rule_fires(observed + 1, pathological + 1, min_samples, length_ratio)

@@ -146,9 +146,22 @@ class Probe:
     def worth_streaming(self, request: Request) -> bool:
         """Whether ``request`` should be streamed, its partial output read as it comes: under
         HYPERLOOM_EVAL_PROBE_STREAM=on always; under ``auto`` while its group's verdict is open
-        (``rule.verdict_open``), since a stream costs the server an event per token."""
+        (``rule.verdict_open``), since a stream costs the server an event per token. A request
+        it holds unstreamed counts as unwatched in its group until :meth:`ended`."""
         with self.lock:
-            return self.settings.stream == "on" or request.group.tally.verdict_open(self.settings)
+            group = request.group
+            if self.settings.stream == "on" or group.tally.verdict_open(self.settings, group.unwatched):
+                return True
+            request.unwatched = True
+            group.unwatched += request.n_answers
+            return False
+
+    def ended(self, request: Request) -> None:
+        """``request``'s call is over (answered, failed or cancelled): it is no longer unwatched."""
+        with self.lock:
+            if request.unwatched:
+                request.unwatched = False
+                request.group.unwatched -= request.n_answers
 
     def partial(self, request: Request, index: int, text: str) -> None:
         """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
