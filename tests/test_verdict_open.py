@@ -169,3 +169,16 @@ def test_a_model_that_turns_bad_mid_run_is_streamed_again_and_trips(sim, result_
     # the ratio (at_cap >= 0.375 * (40 + at_cap): 24), and a wave in flight after that.
     assert 0 < at_cap <= 24 + 8
     assert stats["streamed"] > 40
+
+
+def test_a_whole_wave_of_early_stops_does_not_hide_the_loops_sent_after_it(sim, result_dir, monkeypatch) -> None:
+    # C=128: no slow start, one wave of 128 streamed at once, whose healthy stops come back at
+    # once and close the verdict; each stop's place is taken unstreamed, where a loop shows only
+    # at the cap. Counted as if they looped, those keep the verdict open: the loops are read.
+    monkeypatch.setenv(contract.ENV_LENGTH_RATIO, "0.5")
+    server = sim("mixed", cap_fraction=0.52, cap_loop="loop_short", seconds_per_token=0.005)  # 20 s a loop
+    stats, sidecar = _run(server, result_dir, 400, 128)
+    assert sidecar is not None and sidecar["verdict"]["cause"] == contract.REPETITION
+    group = stats["evidence"]["groups"][0]
+    assert "length" not in group["finish_reasons"]  # no loop ran to the cap
+    assert stats["tokens_generated"] < 0.2 * 128 * 4096
