@@ -7,11 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed
+from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed, settled
 from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import offline_env, task_name
@@ -141,7 +140,7 @@ def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim
         state.ACTIVE.finalise()
     finally:
         install.uninstall()
-    stats = _settled(server)
+    stats = settled(server)
     sidecar = json.loads((result_dir / contract.SIDECAR_NAME).read_text())
     assert stats["streamed"] == stats["generate_requests"] <= 8 + 2
     # Nothing is generating any more, and each request the probe closed was aborted there.
@@ -154,21 +153,12 @@ def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim
     assert sum(1 for a in answers if a) == stats["completed"] == 0
 
 
-def _settled(server) -> dict:
-    """The server's counters once nothing is in flight there (or 5 s have passed): a stream the
-    client closed is counted as aborted when the server notices, a moment after lm-eval returns."""
-    returned = time.monotonic()
-    while server.snapshot()["in_flight"] and time.monotonic() - returned < 5:
-        time.sleep(0.01)
-    return server.snapshot()
-
-
 def _never_stopping_run(sim, result_dir, mode: str) -> tuple[dict, dict]:
     server = sim(mode, seconds_per_token=0.0002)  # 0.8 s for a generation of 4,096 tokens
     with probe_installed() as probe:
         generate(completions(server.base_url, num_concurrent=16), 40, {**GEN_KWARGS, "max_tokens": 4096})
         probe.finalise()
-    return _settled(server), json.loads((result_dir / contract.SIDECAR_NAME).read_text())
+    return settled(server), json.loads((result_dir / contract.SIDECAR_NAME).read_text())
 
 
 @pytest.mark.parametrize("mode", ["loop_short", "loop_paragraph", "loop_near"])

@@ -6,10 +6,9 @@ its streams show, and a model that turns bad mid-run is streamed again once the 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from support.lm import GEN_KWARGS, completions, generate, probe_installed
+from support.lm import GEN_KWARGS, completions, generate, probe_installed, settled
 
 from probe.runtime import contract, rule
 
@@ -95,20 +94,13 @@ def test_a_healthy_share_closes_the_verdict_once_min_samples_are_observed(ratio:
     assert rule.verdict_open(1000, 380, 16, 0.75)
 
 
-def _settled(server) -> dict:
-    returned = time.monotonic()
-    while server.snapshot()["in_flight"] and time.monotonic() - returned < 5:
-        time.sleep(0.01)
-    return server.snapshot()
-
-
 def _run(server, result_dir, n: int, concurrency: int, max_tokens: int = 4096) -> tuple[dict, dict | None]:
     with probe_installed() as probe:
         generate(completions(server.base_url, num_concurrent=concurrency), n, {**GEN_KWARGS, "max_tokens": max_tokens})
         probe.finalise()
         document = probe.evidence_document()
     sidecar = result_dir / contract.SIDECAR_NAME
-    return _settled(server) | {"evidence": document}, json.loads(sidecar.read_text()) if sidecar.exists() else None
+    return settled(server) | {"evidence": document}, json.loads(sidecar.read_text()) if sidecar.exists() else None
 
 
 @pytest.mark.parametrize("concurrency", [4, 16])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -51,3 +52,12 @@ def probe_installed() -> Iterator[Any]:
         yield state.ACTIVE
     finally:
         install.uninstall()
+
+
+def settled(server: Any) -> dict:
+    """The server's counters once nothing is in flight there (or 5 s have passed): a stream the
+    client closed is counted as aborted when the server notices, a moment after lm-eval returns."""
+    returned = time.monotonic()
+    while server.snapshot()["in_flight"] and time.monotonic() - returned < 5:
+        time.sleep(0.01)
+    return server.snapshot()
