@@ -44,7 +44,8 @@ broken, against one server). ``first_n`` and ``first_reason``: the first ``first
 requests are answered with that ``finish_reason`` instead (``"error"``, ``"timeout"``, any
 string), with no choices at all (``"no_choices"``) or with a nonsense body (``"malformed"``),
 whatever the mode. ``turn_after``: the generate requests after the first ``turn_after`` run
-every prompt to the cap, looping as ``cap_loop`` says (a model that turns bad mid-run).
+every prompt to the cap, looping as ``cap_loop`` says (``loop_short`` without it): a model that
+turns bad mid-run.
 
 A token clock (seconds per generated token) makes generations take time; when a client
 drops a request, the tokens generated so far are counted and the request is counted
