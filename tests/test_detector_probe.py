@@ -10,57 +10,22 @@ from pathlib import Path
 import pytest
 from lm_eval.api.instance import Instance
 from support.lm import completions, prompts
+from support.probed import GEN_KWARGS, HEALTHY, LOOP, MAX_TOKENS, loop_until_flagged, probe_with_requests, response
 
 from probe.runtime import contract
 from probe.runtime.evidence import is_pathological
 from probe.runtime.sidecar import trip_record_problem
 from probe.runtime.state import Probe
 
-MAX_TOKENS = 4096
-GEN_KWARGS = {"until": ["\n\n"], "max_tokens": MAX_TOKENS, "temperature": 0}
-LOOP = "The answer is 42 because the sum is 42 and so. "  # a short exact cycle
-HEALTHY = (
-    "Natalia sold 48 clips in April. In May she sold half as many, 48 / 2 = 24 clips. Altogether she sold "
-    "48 + 24 = 72 clips in April and May. The answer is 72."
-)
-
-
-def _probe(n: int, settings: contract.Settings | None = None, task: str = "t") -> tuple[Probe, list]:
-    """A probe for one evaluation that registered ``n`` real lm-eval generate requests of ``task``,
-    and the requests it made of them, one prompt each (as a real model object makes them)."""
-    probe = Probe(settings or contract.Settings(), evaluation=True)
-    texts = prompts(n)
-    instances = [
-        Instance("generate_until", doc={}, arguments=(text, GEN_KWARGS), idx=i, metadata=(task, i, 1))
-        for i, text in enumerate(texts)
-    ]
-    probe.register(instances)
-    lm = completions("http://127.0.0.1:9")
-    return probe, [probe.request(lm, GEN_KWARGS, [text], GEN_KWARGS["max_tokens"]) for text in texts]
-
-
-def _response(finish_reason: str, tokens: int, n: int = 1) -> dict:
-    choices = [{"index": i, "text": "x", "finish_reason": finish_reason} for i in range(n)]
-    return {"choices": choices, "usage": {"completion_tokens": tokens * n}}
-
-
-def _loop_until_flagged(probe: Probe, request, index: int = 0, delta: str = LOOP) -> int:
-    """Feed ``delta`` over and over until the choice is flagged; the number of deltas fed."""
-    for fed in range(1, 500):
-        probe.partial(request, index, delta)
-        if index in request.flagged:
-            return fed
-    raise AssertionError("never flagged")
-
 
 def test_a_flag_counts_once_and_its_ending_is_filed_apart(result_dir: Path) -> None:
-    probe, (request, *_) = _probe(20)
-    _loop_until_flagged(probe, request)
+    probe, (request, *_) = probe_with_requests(20)
+    loop_until_flagged(probe, request)
     tally = request.group.tally
     assert (tally.observed, tally.pathological, tally.flagged, tally.causes[contract.REPETITION]) == (1, 1, 1, 1)
     for _ in range(50):  # more of the same loop, and then its ending, count nothing more
         probe.partial(request, 0, LOOP)
-    probe.observe(request, _response("length", MAX_TOKENS))
+    probe.observe(request, response("length", MAX_TOKENS))
     assert (tally.observed, tally.pathological, tally.flagged) == (1, 1, 1)
     assert dict(tally.reasons) == {}  # a flag is no finish reason
     task = probe.evidence_document()["tasks"]["t"]
@@ -74,9 +39,9 @@ def test_a_flag_counts_once_and_its_ending_is_filed_apart(result_dir: Path) -> N
 def test_a_flagged_generation_that_then_stops_is_still_pathological_for_the_gate(result_dir: Path) -> None:
     # The detector's false flag (or a loop the model left): the flag stands for the rule, the
     # slow start sees the pathological outcome, and the precision line records the stop.
-    probe, (request, *_) = _probe(20)
-    _loop_until_flagged(probe, request)
-    probe.observe(request, _response("stop", 120))
+    probe, (request, *_) = probe_with_requests(20)
+    loop_until_flagged(probe, request)
+    probe.observe(request, response("stop", 120))
     assert request.labels == [contract.REPETITION] and is_pathological(request.labels[0])
     assert request.group.tally.pathological == 1
     task = probe.evidence_document()["tasks"]["t"]
@@ -84,7 +49,7 @@ def test_a_flagged_generation_that_then_stops_is_still_pathological_for_the_gate
 
 
 def test_min_samples_flags_trip_the_group_before_any_generation_ends(result_dir: Path) -> None:
-    probe, requests = _probe(40)
+    probe, requests = probe_with_requests(40)
     min_samples = probe.settings.min_samples
 
     async def main() -> list[asyncio.Task]:
@@ -94,7 +59,7 @@ def test_min_samples_flags_trip_the_group_before_any_generation_ends(result_dir:
             request.group.inflight.add(task, request)
         await asyncio.sleep(0)
         for number, request in enumerate(requests[:min_samples], 1):
-            _loop_until_flagged(probe, request)
+            loop_until_flagged(probe, request)
             assert request.group.tripped is (number == min_samples)
         await asyncio.gather(*waiting, return_exceptions=True)
         return waiting
@@ -114,13 +79,13 @@ def test_min_samples_flags_trip_the_group_before_any_generation_ends(result_dir:
 
 def test_flags_and_endings_add_up_in_the_rule(result_dir: Path) -> None:
     # 12 flagged loops and 4 generations at the cap: 16 observations, all pathological.
-    probe, requests = _probe(40)
+    probe, requests = probe_with_requests(40)
     for request in requests[:12]:
-        _loop_until_flagged(probe, request)
+        loop_until_flagged(probe, request)
     for request in requests[12:15]:
-        probe.observe(request, _response("length", MAX_TOKENS))
+        probe.observe(request, response("length", MAX_TOKENS))
     assert not requests[0].group.tripped
-    probe.observe(requests[15], _response("length", MAX_TOKENS))
+    probe.observe(requests[15], response("length", MAX_TOKENS))
     assert requests[0].group.tripped
     record = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
     assert (record["observations"], record["pathological"], record["flagged"]) == (16, 16, 12)
@@ -129,11 +94,11 @@ def test_flags_and_endings_add_up_in_the_rule(result_dir: Path) -> None:
 
 
 def test_healthy_text_is_not_flagged_and_counts_at_its_ending(result_dir: Path) -> None:
-    probe, (request, *_) = _probe(20)
+    probe, (request, *_) = probe_with_requests(20)
     for start in range(0, len(HEALTHY), 3):
         probe.partial(request, 0, HEALTHY[start : start + 3])
     assert not request.flagged and request.group.tally.observed == 0
-    probe.observe(request, _response("stop", 60))
+    probe.observe(request, response("stop", 60))
     tally = request.group.tally
     assert (tally.observed, tally.pathological, tally.flagged) == (1, 0, 0)
     assert request.labels == ["stop"] and not request.detectors  # its detector is dropped at the end
@@ -146,9 +111,9 @@ def test_only_the_flagged_choice_of_a_multi_prompt_request_is_counted_early(resu
         [Instance("generate_until", {}, (t, GEN_KWARGS), i, (("a", "b")[i], i, 1)) for i, t in enumerate(texts)]
     )
     request = probe.request(completions("http://127.0.0.1:9"), GEN_KWARGS, texts, MAX_TOKENS)
-    _loop_until_flagged(probe, request, index=1)
+    loop_until_flagged(probe, request, index=1)
     probe.partial(request, 0, HEALTHY)
-    probe.observe(request, _response("length", MAX_TOKENS, n=2))
+    probe.observe(request, response("length", MAX_TOKENS, n=2))
     tally = request.group.tally
     assert (tally.observed, tally.pathological, tally.flagged) == (2, 2, 1)
     tasks = probe.evidence_document()["tasks"]
@@ -161,12 +126,12 @@ def test_only_the_flagged_choice_of_a_multi_prompt_request_is_counted_early(resu
 )
 def test_partial_is_a_no_op_where_it_promises_to_be(result_dir: Path, case: str, capsys) -> None:
     settings = contract.Settings(detector=case != "detector off")
-    probe, (request, *_) = _probe(20, settings)
+    probe, (request, *_) = probe_with_requests(20, settings)
     index, delta = 0, LOOP
     if case == "below the rule's budget":
         request = probe.request(completions("http://127.0.0.1:9"), GEN_KWARGS, [prompts(1)[0]], 512)
     elif case == "already observed":
-        probe.observe(request, _response("stop", 10))
+        probe.observe(request, response("stop", 10))
     elif case == "not text":
         delta = None  # type: ignore[assignment]
     elif case == "not an index":
@@ -179,7 +144,7 @@ def test_partial_is_a_no_op_where_it_promises_to_be(result_dir: Path, case: str,
 
 
 def test_partial_never_raises_and_reports_its_own_error(result_dir: Path, capsys) -> None:
-    probe, (request, *_) = _probe(20)
+    probe, (request, *_) = probe_with_requests(20)
     request.detectors = None  # type: ignore[assignment]  # a broken request: the probe's own bug
     probe.partial(request, 0, LOOP)
     assert "internal error in partial" in capsys.readouterr().err
@@ -205,8 +170,8 @@ def test_the_detector_knobs_are_read_used_and_part_of_the_contract(result_dir: P
     # The probe's detectors take the knobs: a loop of one unit is flagged at unit
     # ngram + ceil(threshold / (1 - drift)): 10 + 50 at the defaults, 4 + 107 here.
     for knobs, expected in ((default, 60), (settings, 111)):
-        probe, (request, *_) = _probe(20, knobs)
-        assert _loop_until_flagged(probe, request, delta="ab ") == expected
+        probe, (request, *_) = probe_with_requests(20, knobs)
+        assert loop_until_flagged(probe, request, delta="ab ") == expected
 
 
 def test_the_slow_start_takes_a_flagged_request_as_pathological_however_it_ended(result_dir: Path) -> None:
@@ -214,10 +179,10 @@ def test_the_slow_start_takes_a_flagged_request_as_pathological_however_it_ended
     # a flagged generation that then stopped is the loop it was flagged as: no credit.
     from probe.runtime.gate import SlowStart
 
-    probe, (flagged, plain, *_) = _probe(20)
-    _loop_until_flagged(probe, flagged)
-    probe.observe(flagged, _response("stop", 100))
-    probe.observe(plain, _response("stop", 100))
+    probe, (flagged, plain, *_) = probe_with_requests(20)
+    loop_until_flagged(probe, flagged)
+    probe.observe(flagged, response("stop", 100))
+    probe.observe(plain, response("stop", 100))
     budgets = []
     for request in (flagged, plain):
         policy = SlowStart.for_batch(64, probe.settings.min_samples, probe.settings.length_ratio, slow=True)
@@ -233,8 +198,8 @@ def test_a_size_knob_too_large_to_hold_warns_and_keeps_the_default(result_dir: P
     # generation's detector then failed with an internal error (the detector off, unsaid).
     settings, warnings = contract.read_settings({name: str(2**64)})
     assert settings == contract.Settings() and len(warnings) == 1 and name in warnings[0]
-    probe, (request, *_) = _probe(20, settings)
-    _loop_until_flagged(probe, request)
+    probe, (request, *_) = probe_with_requests(20, settings)
+    loop_until_flagged(probe, request)
     assert "internal error" not in capsys.readouterr().err
 
 
@@ -242,10 +207,10 @@ def test_a_size_knob_too_large_to_hold_warns_and_keeps_the_default(result_dir: P
 def test_partial_for_a_choice_the_request_does_not_have_counts_nothing(result_dir: Path, index: int) -> None:
     # A one-prompt request has one choice, 0: a flag for another index was counted as an
     # observation of its own, and the request's real ending then counted its choice twice.
-    probe, (request, *_) = _probe(20)
+    probe, (request, *_) = probe_with_requests(20)
     for _ in range(400):
         probe.partial(request, index, LOOP)
-    probe.observe(request, _response("length", MAX_TOKENS))
+    probe.observe(request, response("length", MAX_TOKENS))
     tally = request.group.tally
     assert (tally.observed, tally.flagged, request.flagged) == (1, 0, set())
 
@@ -255,7 +220,7 @@ def test_vllm_partial_outputs_are_asked_for_evidence_requests_only() -> None:
     # MIN_MAX_TOKENS is never analysed, so the engine need not report it every few tokens.
     from probe.runtime.vllm_partial import wanted
 
-    probe, (request, *_) = _probe(1)
+    probe, (request, *_) = probe_with_requests(1)
     short = probe.request(completions("http://127.0.0.1:9"), {**GEN_KWARGS, "max_tokens": 256}, ["q"], 256)
     assert wanted(probe.settings, [request]) and not wanted(probe.settings, [short])
     assert not wanted(contract.Settings(detector=False), [request])

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from support.lm import GEN_KWARGS, completions, generate, probe_installed, settled
+from support.probed import loop_until_flagged, probe_with_requests, response
 
 from probe.runtime import contract, rule
 
@@ -33,25 +34,27 @@ def test_a_closed_verdict_cannot_fire_on_its_next_observation(min_samples: int, 
 @pytest.mark.release_independent
 @pytest.mark.parametrize("min_samples", [1, 16, 40])
 @pytest.mark.parametrize("ratio", RATIOS)
-@pytest.mark.parametrize("unwatched", [1, 3, 10, 64])
-def test_a_closed_verdict_cannot_fire_whatever_its_unwatched_generations_show(
-    min_samples: int, ratio: float, unwatched: int
+@pytest.mark.parametrize("pending", [1, 3, 10, 64])
+def test_a_closed_verdict_cannot_fire_whatever_its_pending_generations_show(
+    min_samples: int, ratio: float, pending: int
 ) -> None:
-    # Sent unstreamed, a loop shows only when it reaches the cap: each unwatched generation in
-    # flight is judged as if it were one, so that a closed verdict stays closed only while even
-    # all of them, and one more, could not fire the rule.
+    # A loop in flight shows late: unstreamed, at the cap; streamed, once the detector has read
+    # enough of it, after the healthy answers beside it have ended. Each pending generation is
+    # judged as if it were one, so that a closed verdict stays closed only while even all of
+    # them, and one more, could not fire the rule.
     for observed in range(0, 121):
         for pathological in range(0, observed + 1):
-            if rule.verdict_open(observed, pathological, min_samples, ratio, unwatched):
+            if rule.verdict_open(observed, pathological, min_samples, ratio, pending):
                 continue
-            for shown in range(unwatched + 1):
-                settled = observed + unwatched + 1, pathological + shown + 1
+            for shown in range(pending + 1):
+                settled = observed + pending + 1, pathological + shown + 1
                 assert not rule.rule_fires(*settled, min_samples, ratio), (observed, pathological, shown)
-    # More unwatched generations never close an open verdict.
+    # More pending generations never close an open verdict.
     for observed in range(16, 121, 7):
         for pathological in range(0, observed + 1, 3):
-            if rule.verdict_open(observed, pathological, min_samples, ratio):
-                assert rule.verdict_open(observed, pathological, min_samples, ratio, unwatched)
+            for fewer in range(pending):
+                if rule.verdict_open(observed, pathological, min_samples, ratio, fewer):
+                    assert rule.verdict_open(observed, pathological, min_samples, ratio, pending)
 
 
 @pytest.mark.release_independent
@@ -103,14 +106,21 @@ def _run(server, result_dir, n: int, concurrency: int, max_tokens: int = 4096) -
     return settled(server) | {"evidence": document}, json.loads(sidecar.read_text()) if sidecar.exists() else None
 
 
-@pytest.mark.parametrize("concurrency", [4, 16])
-def test_a_healthy_run_streams_only_until_min_samples_are_observed(sim, result_dir, concurrency) -> None:
+def _closes_at(concurrency: int) -> int:
+    """The fewest healthy observations that close the verdict with ``concurrency`` pending."""
+    return next(o for o in range(10**5) if not rule.verdict_open(o, 0, 16, 0.75, concurrency))
+
+
+@pytest.mark.parametrize("concurrency", [4, 16, 64])
+def test_a_healthy_run_streams_only_its_first_requests(sim, result_dir, concurrency) -> None:
     server = sim("healthy", lengths="lognormal", seconds_per_token=0.00005)
-    stats, sidecar = _run(server, result_dir, 96, concurrency)
-    assert sidecar is None and stats["generate_requests"] == 96
-    # Each request is sent streamed only while fewer than MIN_SAMPLES (16) have been observed:
-    # at most 16 + the requests in flight at once.
-    assert 16 <= stats["streamed"] <= 16 + concurrency
+    stats, sidecar = _run(server, result_dir, 240, concurrency)
+    assert sidecar is None and stats["generate_requests"] == 240
+    # Sent streamed only while fewer than MIN_SAMPLES (16) have been observed, or while the
+    # requests in flight, were they all loops, would make REACH of the ratio: at most as many
+    # as the verdict takes to close with all of them pending, and those in flight then.
+    assert _closes_at(4) == 16 and _closes_at(64) == 107
+    assert 16 <= stats["streamed"] <= _closes_at(concurrency) + concurrency < 240
     assert stats["evidence"]["groups"][0]["flagged"] == 0
 
 
@@ -157,20 +167,49 @@ def test_a_model_that_turns_bad_mid_run_is_streamed_again_and_trips(sim, result_
     group = stats["evidence"]["groups"][0]
     assert group["tripped"] and group["flagged"] > 0
     at_cap = group["finish_reasons"].get("length", 0)
-    # Loops sent while the verdict was closed ran to the cap, until the share reached REACH of
-    # the ratio (at_cap >= 0.375 * (40 + at_cap): 24), and a wave in flight after that.
+    # Loops sent while the verdict was closed ran to the cap, until, with the 8 in flight, the
+    # share reached REACH of the ratio (at_cap + 8 >= 0.375 * (40 + at_cap + 8): 16), and a wave
+    # in flight after that.
     assert 0 < at_cap <= 24 + 8
     assert stats["streamed"] > 40
 
 
-def test_a_whole_wave_of_early_stops_does_not_hide_the_loops_sent_after_it(sim, result_dir, monkeypatch) -> None:
-    # C=128: no slow start, one wave of 128 streamed at once, whose healthy stops come back at
-    # once and close the verdict; each stop's place is taken unstreamed, where a loop shows only
-    # at the cap. Counted as if they looped, those keep the verdict open: the loops are read.
+def test_a_whole_wave_of_early_stops_does_not_hide_the_loops_streamed_beside_it(sim, result_dir, monkeypatch) -> None:
+    # C=128: no slow start, one wave of 128 streamed at once. Its healthy answers come back at
+    # once; its loops are flagged only after seconds (0.05 s a token), and would reach the cap
+    # after 200. Had the verdict closed on the stops alone, the loops sent in their places would
+    # go unstreamed and the streamed ones alone could not make the ratio: with every generation
+    # in flight pending, the verdict stays open, and the trip comes from flags.
     monkeypatch.setenv(contract.ENV_LENGTH_RATIO, "0.5")
-    server = sim("mixed", cap_fraction=0.52, cap_loop="loop_short", seconds_per_token=0.005)  # 20 s a loop
+    server = sim("mixed", cap_fraction=0.52, cap_loop="loop_short", seconds_per_token=0.05)
     stats, sidecar = _run(server, result_dir, 400, 128)
     assert sidecar is not None and sidecar["verdict"]["cause"] == contract.REPETITION
     group = stats["evidence"]["groups"][0]
     assert "length" not in group["finish_reasons"]  # no loop ran to the cap
     assert stats["tokens_generated"] < 0.2 * 128 * 4096
+
+
+def test_generations_in_flight_are_pending_until_flagged_or_ended() -> None:
+    probe, requests = probe_with_requests(40)
+    group = requests[0].group
+    for request in requests[:32]:
+        assert probe.worth_streaming(request)
+    assert group.pending == 32
+    for request in requests[:16]:  # 16 healthy stops while 16 more stream
+        probe.observe(request, response("stop", 100))
+        probe.ended(request)
+    # Were the 16 in flight all loops, the share would be 0.5: still open, though no loop showed.
+    assert group.pending == 16 and group.tally.observed == 16 and group.tally.pathological == 0
+    assert probe.worth_streaming(requests[32])
+    loop_until_flagged(probe, requests[16])  # counted once flagged, no longer pending
+    assert group.pending == 16 and group.tally.pathological == 1
+    probe.observe(requests[16], response("length", 4096))
+    probe.ended(requests[16])
+    assert group.pending == 16 and group.tally.observed == 17
+    for request in requests[17:33]:
+        probe.observe(request, response("stop", 100))
+        probe.ended(request)
+        probe.ended(request)  # twice: counted once
+    assert group.pending == 0 and group.tally.observed == 33
+    # 1 of 33, nothing in flight: closed, and a request sent now is pending unstreamed.
+    assert not probe.worth_streaming(requests[33]) and group.pending == 1

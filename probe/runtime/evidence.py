@@ -226,9 +226,9 @@ class Tally:
     def fires(self, settings: Settings) -> bool:
         return rule_fires(self.observed, self.pathological, settings.min_samples, settings.length_ratio)
 
-    def verdict_open(self, settings: Settings, unwatched: int = 0) -> bool:
+    def verdict_open(self, settings: Settings, pending: int = 0) -> bool:
         """Whether evidence from more streamed requests could still bring the verdict sooner (see rule)."""
-        return verdict_open(self.observed, self.pathological, settings.min_samples, settings.length_ratio, unwatched)
+        return verdict_open(self.observed, self.pathological, settings.min_samples, settings.length_ratio, pending)
 
     def as_dict(self) -> dict[str, Any]:
         return {

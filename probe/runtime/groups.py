@@ -29,8 +29,8 @@ class Group:
     inflight: InFlight = field(default_factory=InFlight)
     # Flagged attempts that failed, by the identity of the prompts lm-eval will retry them with.
     retrying: dict[int, Request] = field(default_factory=dict)
-    # Generations in flight that were sent unstreamed because the verdict was closed.
-    unwatched: int = 0
+    # Generations in flight whose outcome the tally has not counted yet (see rule.verdict_open).
+    pending: int = 0
     # The slow start of its requests in lm-eval's in-process vLLM engine, across the
     # LLM.generate calls they come in (engine_slow_start); None until it applies.
     engine_slow_start: SlowStart | None = None
@@ -62,7 +62,7 @@ class Request:
     tasks: list[str | None] | None = None
     observed: bool = False
     cancelled_by_probe: bool = False
-    unwatched: bool = False  # sent unstreamed because its group's verdict was closed, in flight
+    pending: int = 0  # its generations counted in its group's pending ones
     # What its response said, once observed (None: never observed); the gate learns from it.
     labels: list[str] | None = None
     # The loop detector of each choice fed partial output so far, and the choices it flagged.

@@ -23,20 +23,23 @@ def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio:
     return pathological >= length_ratio * observed - 1e-9
 
 
-def verdict_open(observed: int, pathological: int, min_samples: int, length_ratio: float, unwatched: int = 0) -> bool:
+def verdict_open(observed: int, pathological: int, min_samples: int, length_ratio: float, pending: int = 0) -> bool:
     """Whether the rule's verdict is still open: fewer than ``min_samples`` (and than
-    ``CLOSE_AFTER``) observed, or, counting each of the ``unwatched`` generations in flight (sent
-    unstreamed because the verdict was closed: a loop among them shows only at the cap) as
-    pathological, a share of at least ``REACH`` of the ratio, or one more pathological
-    observation would fire the rule.
+    ``CLOSE_AFTER``) observed, or, counting each of the ``pending`` generations in flight whose
+    outcome is not counted yet as pathological, a share of at least ``REACH`` of the ratio, or
+    one more pathological observation would fire the rule.
 
-    A closed verdict cannot fire before it reopens, whatever the unwatched generations turn out
+    Pending means streamed or not: sent unstreamed, a loop shows only at the cap; streamed, only
+    once the detector has read enough of it, long after a healthy answer beside it has ended.
+    Counting them all keeps the early stops from closing the verdict on the loops in flight.
+
+    A closed verdict cannot fire before it reopens, whatever the pending generations turn out
     to be: not on the next observation, and on the way to a trip the share climbs past
     ``REACH * length_ratio``, where it is open again.
     """
     if observed < max(min_samples, CLOSE_AFTER):
         return True
-    observed, pathological = observed + unwatched, pathological + unwatched
+    observed, pathological = observed + pending, pathological + pending
     if pathological >= REACH * length_ratio * observed - 1e-9:
         return True
     return rule_fires(observed + 1, pathological + 1, min_samples, length_ratio)

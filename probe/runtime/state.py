@@ -146,22 +146,28 @@ class Probe:
     def worth_streaming(self, request: Request) -> bool:
         """Whether ``request`` should be streamed, its partial output read as it comes: under
         HYPERLOOM_EVAL_PROBE_STREAM=on always; under ``auto`` while its group's verdict is open
-        (``rule.verdict_open``), since a stream costs the server an event per token. A request
-        it holds unstreamed counts as unwatched in its group until :meth:`ended`."""
+        (``rule.verdict_open``), since a stream costs the server an event per token. Either way
+        its generations not yet counted are pending in its group: until flagged, observed or
+        :meth:`ended`."""
         with self.lock:
             group = request.group
-            if self.settings.stream == "on" or group.tally.verdict_open(self.settings, group.unwatched):
-                return True
-            request.unwatched = True
-            group.unwatched += request.n_answers
-            return False
+            stream = self.settings.stream == "on" or group.tally.verdict_open(self.settings, group.pending)
+            self._settle(request)  # asked again: counted once
+            request.pending = request.n_answers - len(request.flagged)  # a retry's flags are counted
+            group.pending += request.pending
+            return stream
 
     def ended(self, request: Request) -> None:
-        """``request``'s call is over (answered, failed or cancelled): it is no longer unwatched."""
+        """``request``'s call is over (answered, failed or cancelled): none of it is pending."""
         with self.lock:
-            if request.unwatched:
-                request.unwatched = False
-                request.group.unwatched -= request.n_answers
+            self._settle(request)
+
+    @staticmethod
+    def _settle(request: Request, n: int | None = None) -> None:
+        """``n`` of ``request``'s pending generations (all, by default) are no longer pending."""
+        n = request.pending if n is None else min(n, request.pending)
+        request.pending -= n
+        request.group.pending -= n
 
     def partial(self, request: Request, index: int, text: str) -> None:
         """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
@@ -198,6 +204,7 @@ class Probe:
                 return
             del request.detectors[index]
             request.flagged.add(index)
+            self._settle(request, 1)
             self._tasks_of_request(request)
             self.tasks.of(request.task_of_choice(index)).flagged += 1
             group = request.group
@@ -225,6 +232,7 @@ class Probe:
                 return
             request.observed = True
             request.detectors.clear()
+            self._settle(request)
             self._tasks_of_request(request)
             for choice in choices:
                 task = request.task_of_choice(choice.index)
