@@ -12,7 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed, unstreamed_answer
+from probe.runtime.stream import (
+    EventLines,
+    Reassembly,
+    Unassemblable,
+    passing_failure,
+    streamable,
+    streamed,
+    unstreamed_answer,
+)
 
 # Imports no lm-eval: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent
@@ -290,3 +298,32 @@ def test_text_after_its_choice_ended_is_refused() -> None:
               {**head, "choices": [], "usage": {"completion_tokens": 2}}]  # fmt: skip
     with pytest.raises(Unassemblable):
         reassemble(sse(chunks), 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_body_cut_into_pieces_anywhere_gives_the_events_its_lines_give(data: st.DataObject) -> None:
+    # aiohttp's pieces of a body fall anywhere: inside a line, a CRLF, a UTF-8 character.
+    body = b": keep-alive\r\n" + "".join(sse(_healthy())).replace("\n", "\r\n").encode()
+    body += 'data: {"text": "Ünïcode \u2014 long '.encode() + b"x" * 700_000 + b'"}\n\n'
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(body) - 1), max_size=12)))
+    pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    by_lines, by_pieces = EventLines(), EventLines()
+    expected = [e for line in body.splitlines(keepends=True) for e in by_lines.feed(line)] + by_lines.flush()
+    assert [e for piece in pieces for e in by_pieces.feed_chunk(piece)] + by_pieces.flush() == expected
+    assert len(expected) == 5 and len(expected[-1]) > 700_000
+
+
+def test_a_last_line_without_its_end_is_read_at_the_flush() -> None:
+    lines = EventLines()
+    assert lines.feed_chunk(b'data: {"a": 1}\n\ndata: {"b"') == ['{"a": 1}']
+    assert lines.feed_chunk(b": 2}") == [] and lines.flush() == ['{"b": 2}'] and lines.flush() == []
+
+
+@pytest.mark.parametrize(
+    ("status", "passing"),
+    [(408, True), (425, True), (429, True), (500, True), (503, True), (599, True),
+     (400, False), (404, False), (422, False), (None, False)],
+)  # fmt: skip
+def test_a_busy_or_failing_server_is_not_taken_for_one_that_cannot_stream(status, passing) -> None:
+    assert passing_failure(status) is passing

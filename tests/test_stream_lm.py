@@ -102,6 +102,45 @@ def test_what_cannot_be_streamed_falls_back_to_one_ordinary_request_or_none(
     assert said.count("could not be reassembled") == 1
 
 
+def test_a_server_busy_once_is_streamed_again(sim, result_dir, capsys) -> None:
+    # An HTTP 500 to a streamed request says the server was busy, not that it cannot stream:
+    # that request goes unstreamed, and the next ones stream again.
+    server = sim("healthy", stream_quirk="busy_once")
+    plain = generate(completions(server.base_url, num_concurrent=4), 12)
+    with probe_installed():
+        probed = generate(completions(server.base_url, num_concurrent=4), 12)
+    said = capsys.readouterr().err
+    assert probed == plain and server.snapshot()["streamed"] == 11
+    assert said.count("could not be reassembled (status 500); sent it unstreamed, each request tries again") == 1
+
+
+def test_a_model_behind_a_server_busy_once_that_turns_bad_is_streamed_and_flagged(sim, result_dir) -> None:
+    # Its first streamed request answered 500 (and then, unstreamed, at once), the server was
+    # taken for one that cannot stream: nothing more was streamed to it in the process, and a
+    # model that turns bad after 40 requests was caught only as its loops reached the cap.
+    server = sim("healthy", turn_after=40, cap_loop="loop_short", stream_quirk="busy_once", seconds_per_token=0.00005)
+    with probe_installed() as probe:
+        generate(completions(server.base_url, num_concurrent=8), 400, {**GEN_KWARGS, "max_tokens": 4096})
+        probe.finalise()
+        (group,) = probe.evidence_document()["groups"]
+    assert group["tripped"] and group["flagged"] > 0
+    assert server.snapshot()["streamed"] > 40
+
+
+def test_an_answer_sent_as_one_event_past_aiohttps_line_limit_is_reassembled(sim, result_dir, monkeypatch) -> None:
+    # A buffering gateway sends each choice's whole text as one event: 650 KB here, past the
+    # 512 KiB that aiohttp reads as one line. Unprobed, lm-eval reads it as one JSON body.
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "100")  # no trip: the answers are compared
+    server = sim("never_stop", stream_quirk="one_event")
+    gen_kwargs = {**GEN_KWARGS, "max_tokens": 120_000}
+    plain = generate(completions(server.base_url, num_concurrent=2), 4, gen_kwargs)
+    with probe_installed():
+        probed = generate(completions(server.base_url, num_concurrent=2), 4, gen_kwargs)
+    assert probed == plain and min(len(answer) for answer in plain) > 600_000
+    stats = server.snapshot()
+    assert stats["streamed"] == 4 and stats["generate_requests"] == 8  # reassembled: no fallback
+
+
 @pytest.mark.parametrize("knob", ["auto", "on"])
 def test_a_reply_cut_short_while_read_fails_as_unstreamed_and_is_sent_once(sim, result_dir, monkeypatch, knob) -> None:
     # A JSON reply whose connection drops while its body is read: before, the probe took that

@@ -37,7 +37,10 @@ streamed: ``refuse`` (400 to any ``stream_options``), ``no_usage``, ``error_even
 chunk after the first text), ``unknown_field`` (a choice with a field nobody knows),
 ``json`` (answers unstreamed) or ``json_cut`` (answers every generate request, streamed or
 not, as JSON whose body ends 50 bytes before its Content-Length says, then drops the
-connection: a transport error while the body is read).
+connection: a transport error while the body is read). Two quirks a server that can stream
+has: ``one_event`` (each choice's whole text in one event, as a buffering gateway sends it)
+and ``busy_once`` (its first streamed generate request is answered HTTP 500, as an overloaded
+server answers).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
@@ -73,7 +76,9 @@ LOOPS = ("loop_short", "loop_paragraph", "loop_near", "random")
 MODES = (
     "never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed", *LOOPS,
 )  # fmt: skip
-STREAM_QUIRKS = (None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut")
+STREAM_QUIRKS = (
+    None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut", "one_event", "busy_once",
+)  # fmt: skip
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
 STREAM_TICK = 0.01
@@ -189,6 +194,7 @@ class SimServer:
         self.seed = seed
         self.reasoning_field = reasoning_field
         self.stream_quirk = stream_quirk
+        self._busy_answered = False  # busy_once's 500 was sent
         self.cap_loop = cap_loop
         self.turn_after = turn_after
         self.stats = Stats()
@@ -274,6 +280,11 @@ class SimServer:
         stream = bool(payload.get("stream"))
         if stream and self.stream_quirk == "refuse" and "stream_options" in payload:
             return web.json_response({"error": {"message": "stream_options is not supported"}}, status=400)
+        if stream and self.stream_quirk == "busy_once":
+            with self._lock:
+                busy, self._busy_answered = not self._busy_answered, True
+            if busy:
+                return web.json_response({"error": {"message": "the server is busy"}}, status=500)
         max_tokens = int(payload.get("max_tokens", payload.get("max_completion_tokens")))
         prompts = _prompt_text(payload)
         with self._lock:
@@ -353,6 +364,8 @@ class SimServer:
                     due = len(units) if clock <= 0 or elapsed >= clock else int(len(units) * elapsed / clock)
                     # Without a clock, a few words a chunk (vLLM sends one token a chunk, or a few).
                     due = min(due, sent[index] + WORDS_PER_CHUNK) if clock <= 0 else due
+                    if self.stream_quirk == "one_event":
+                        due = len(units) if clock <= 0 or elapsed >= clock else 0
                     for field_name, text in _runs(units[sent[index] : due]):
                         await send({"choices": [_delta(index, field_name, text, "messages" in payload)]})
                         if self.stream_quirk == "error_event":

@@ -39,12 +39,27 @@ class Unassemblable(ValueError):
 class EventLines:
     """Server-sent events from the lines of a response body: the ``data`` of each event.
 
-    Lines may come with or without their line ends; a comment (``:``) is skipped; an
-    ``event:`` other than ``message``, or a line that is not SSE at all, is refused.
+    Lines may come with or without their line ends (:meth:`feed`), or the body in pieces cut
+    anywhere (:meth:`feed_chunk`: no limit on a line's length, as an unstreamed body has none);
+    a comment (``:``) is skipped; an ``event:`` other than ``message``, or a line that is not
+    SSE at all, is refused.
     """
 
     def __init__(self) -> None:
         self._data: list[str] = []
+        self._partial = bytearray()  # the start of a line whose end has not come yet
+
+    def feed_chunk(self, chunk: bytes) -> list[str]:
+        """The events that ``chunk``, the next piece of the body, completes."""
+        search = len(self._partial)  # a line end can only be in what is new
+        self._partial += chunk
+        events: list[str] = []
+        begin = 0
+        while (end := self._partial.find(b"\n", search)) >= 0:
+            events += self.feed(bytes(self._partial[begin : end + 1]))
+            begin = search = end + 1
+        del self._partial[:begin]
+        return events
 
     def feed(self, line: bytes | str) -> list[str]:
         """The events that ``line`` completes (none, or the one it ends)."""
@@ -54,7 +69,7 @@ class EventLines:
             raise Unassemblable(f"a line that is not UTF-8: {line[:80]!r}") from error
         text = text.rstrip("\r\n")
         if not text:
-            return self.flush()
+            return self._dispatch()
         if text.startswith(":"):
             return []
         name, _, value = text.partition(":")
@@ -67,7 +82,16 @@ class EventLines:
         raise Unassemblable(f"not a server-sent event line: {text[:80]!r}")
 
     def flush(self) -> list[str]:
-        """The event being read, when the body ended without its blank line."""
+        """The event being read, when the body ended without its blank line (or its last line
+        without its end)."""
+        events: list[str] = []
+        if self._partial:
+            line, self._partial = bytes(self._partial), bytearray()
+            events = self.feed(line)
+        return events + self._dispatch()
+
+    def _dispatch(self) -> list[str]:
+        """The event whose lines were read, if any (a blank line ends it)."""
         if not self._data:
             return []
         data, self._data = "\n".join(self._data), []
@@ -270,3 +294,9 @@ def unstreamed_answer(body: Any, n_choices: int) -> bool:
         return False
     indices = [choice.get("index") for choice in choices]
     return all(type(i) is int for i in indices) and sorted(indices) == list(range(n_choices))
+
+
+def passing_failure(status: int | None) -> bool:
+    """Whether an HTTP ``status`` says the server was briefly unable (a timeout, too many
+    requests, a server error), not that it cannot stream: the next request may stream."""
+    return status is not None and (status in (408, 425, 429) or 500 <= status <= 599)

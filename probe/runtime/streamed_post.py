@@ -24,7 +24,15 @@ from typing import Any
 
 from probe.runtime.contract import ENV_STREAM
 from probe.runtime.groups import Request
-from probe.runtime.stream import EventLines, Reassembly, Unassemblable, streamable, streamed, unstreamed_answer
+from probe.runtime.stream import (
+    EventLines,
+    Reassembly,
+    Unassemblable,
+    passing_failure,
+    streamable,
+    streamed,
+    unstreamed_answer,
+)
 
 # Servers (by URL) that could not be streamed under ``auto``: each is asked once.
 _NOT_STREAMED: set[str] = set()
@@ -83,6 +91,7 @@ class _StreamedPost:
         self._kwargs = kwargs
         self._n_choices = n_choices
         self._ordinary: Any = None
+        self._status: int | None = None  # the streamed attempt's HTTP status
 
     async def __aenter__(self) -> Any:
         owner = self._owner
@@ -97,7 +106,10 @@ class _StreamedPost:
         self._ordinary = owner._session.post(self._url, json=self._payload, **self._kwargs)
         response = await self._ordinary.__aenter__()
         failed = f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed"
-        self._settle(outcome.split(":")[0], failed, ", each request tries again", stop=response.ok)
+        # A server that cannot stream answered the ordinary request; one that was briefly
+        # overloaded or failing (408, 429, 5xx) may stream the next one.
+        stop = response.ok and not passing_failure(self._status)
+        self._settle(outcome.split(":")[0], failed, ", each request tries again", stop)
         return response
 
     def _settle(self, reason: str, said: str, under_on: str, stop: bool) -> None:
@@ -106,7 +118,7 @@ class _StreamedPost:
         mode = self._owner._mode
         if mode == "auto" and stop:
             _NOT_STREAMED.add(str(self._url))
-        then = ", not streaming to it again" if mode == "auto" else under_on
+        then = ", not streaming to it again" if mode == "auto" and stop else under_on
         self._owner._probe.errors.once(f"stream:{self._url}:{reason}", f"{said}{then} ({ENV_STREAM}={mode})")
 
     async def __aexit__(self, *exc: Any) -> Any:
@@ -119,6 +131,7 @@ class _StreamedPost:
         owner = self._owner
         async with owner._session.post(self._url, json=streamed(self._payload), **self._kwargs) as response:
             complete = False
+            self._status = response.status
             try:
                 if not response.ok:
                     return f"status {response.status}"
@@ -139,8 +152,10 @@ class _StreamedPost:
     async def _read(self, response: Any) -> Reassembled:
         lines, whole = EventLines(), Reassembly(self._n_choices)
         request, probe = self._owner._request, self._owner._probe
-        async for line in response.content:
-            for data in lines.feed(line):
+        # Pieces, not lines: aiohttp refuses a line over twice its read buffer (512 KiB), and a
+        # server may send a whole long answer as one event.
+        async for chunk in response.content.iter_any():
+            for data in lines.feed_chunk(chunk):
                 for index, text in whole.add_event(data):
                     probe.partial(request, index, text)
                 if request.group.tripped:
