@@ -327,3 +327,13 @@ def test_a_last_line_without_its_end_is_read_at_the_flush() -> None:
 )  # fmt: skip
 def test_a_busy_or_failing_server_is_not_taken_for_one_that_cannot_stream(status, passing) -> None:
     assert passing_failure(status) is passing
+
+
+def test_finished_means_all_but_done_has_come() -> None:
+    whole, lines = Reassembly(1), EventLines()
+    events = [data for line in sse(_healthy(), done=False) for data in lines.feed(line)]
+    for data in events[:-1]:
+        whole.add_event(data)
+        assert not whole.finished
+    whole.add_event(events[-1])  # the usage chunk
+    assert whole.finished and not whole.done

@@ -39,8 +39,9 @@ chunk after the first text), ``unknown_field`` (a choice with a field nobody kno
 not, as JSON whose body ends 50 bytes before its Content-Length says, then drops the
 connection: a transport error while the body is read). Two quirks a server that can stream
 has: ``one_event`` (each choice's whole text in one event, as a buffering gateway sends it)
-and ``busy_once`` (its first streamed generate request is answered HTTP 500, as an overloaded
-server answers).
+``busy_once`` (its first streamed generate request is answered HTTP 500, as an overloaded
+server answers) and ``held_open`` (a stream that sends everything but ``[DONE]`` and stays open,
+a keep-alive comment every 0.5 s, until the client leaves).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
@@ -77,7 +78,8 @@ MODES = (
     "never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed", *LOOPS,
 )  # fmt: skip
 STREAM_QUIRKS = (
-    None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut", "one_event", "busy_once",
+    None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut",
+    "one_event", "busy_once", "held_open",
 )  # fmt: skip
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
@@ -378,6 +380,9 @@ class SimServer:
                 await asyncio.sleep(_next_wake(pending, sent, ended, clocks, time.monotonic() - started))
             if (payload.get("stream_options") or {}).get("include_usage") and self.stream_quirk != "no_usage":
                 await send({"choices": [], "usage": body.get("usage")})
+            while self.stream_quirk == "held_open":  # never [DONE]: until the client leaves
+                await response.write(b": keep-alive\n\n")
+                await asyncio.sleep(0.5)
             await response.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             # The tokens generated until the client left, as vLLM counts an aborted request's.

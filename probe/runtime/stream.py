@@ -233,6 +233,15 @@ class Reassembly:
                 raise Unassemblable(f"choice {choice.index} carries {name}")
         return new
 
+    @property
+    def finished(self) -> bool:
+        """Every choice has ended and the usage has come: all that is missing is ``[DONE]``."""
+        return (
+            self._usage is not None
+            and sorted(self._choices) == list(range(self.n_choices))
+            and all(choice.fields.get("finish_reason") is not None for choice in self._choices.values())
+        )
+
     def response(self) -> dict[str, Any]:
         """The unstreamed response; raises :class:`Unassemblable` when the stream was incomplete."""
         if not self.done:

@@ -154,16 +154,22 @@ class _StreamedPost:
         request, probe = self._owner._request, self._owner._probe
         # Pieces, not lines: aiohttp refuses a line over twice its read buffer (512 KiB), and a
         # server may send a whole long answer as one event.
-        async for chunk in response.content.iter_any():
-            for data in lines.feed_chunk(chunk):
-                for index, text in whole.add_event(data):
-                    probe.partial(request, index, text)
-                if request.group.tripped:
-                    # Its group tripped (perhaps on this very text): end it as a trip ends the others.
-                    request.cancelled_by_probe = True
-                    raise asyncio.CancelledError
-            if whole.done:
-                break
+        try:
+            async for chunk in response.content.iter_any():
+                for data in lines.feed_chunk(chunk):
+                    for index, text in whole.add_event(data):
+                        probe.partial(request, index, text)
+                    if request.group.tripped:
+                        # Its group tripped (perhaps on this very text): end it as a trip ends the others.
+                        request.cancelled_by_probe = True
+                        raise asyncio.CancelledError
+                if whole.done:
+                    break
+        except asyncio.TimeoutError:
+            if not whole.finished:  # a generation still running: its timeout is lm-eval's, as unstreamed
+                raise
+            # Everything came but [DONE], and the server held the stream open until the timeout.
+            raise Unassemblable("a stream held open after its last chunk, without [DONE]") from None
         for data in lines.flush():
             whole.add_event(data)
         return Reassembled(whole.response())
