@@ -329,11 +329,13 @@ def test_a_busy_or_failing_server_is_not_taken_for_one_that_cannot_stream(status
     assert passing_failure(status) is passing
 
 
-def test_finished_means_all_but_done_has_come() -> None:
+def test_ended_means_every_choice_has_ended_whether_or_not_the_usage_came() -> None:
     whole, lines = Reassembly(1), EventLines()
     events = [data for line in sse(_healthy(), done=False) for data in lines.feed(line)]
-    for data in events[:-1]:
+    for data in events[:-2]:
         whole.add_event(data)
-        assert not whole.finished
-    whole.add_event(events[-1])  # the usage chunk
-    assert whole.finished and not whole.done
+        assert not whole.ended
+    whole.add_event(events[-2])  # the choice's end
+    assert whole.ended
+    whole.add_event(events[-1])  # the usage
+    assert whole.ended and not whole.done

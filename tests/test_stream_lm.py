@@ -131,8 +131,8 @@ def test_a_model_behind_a_server_busy_once_that_turns_bad_is_streamed_and_flagge
 def test_a_stream_held_open_after_its_last_chunk_falls_back_at_the_timeout(
     sim, result_dir, monkeypatch, capsys, knob, n, streamed
 ) -> None:
-    # Everything came but [DONE], and the server kept the stream open: unprobed, lm-eval got
-    # its answers at once. At lm-eval's timeout the request goes unstreamed; under auto the
+    # Every choice ended, then neither the usage nor [DONE], and the server kept the stream
+    # open: unprobed, lm-eval got its answers at once. At lm-eval's timeout the request goes unstreamed; under auto the
     # server is not streamed again (the two in flight waited).
     monkeypatch.setenv(ENV_STREAM, knob)
     server = sim("healthy", stream_quirk="held_open")
@@ -140,7 +140,7 @@ def test_a_stream_held_open_after_its_last_chunk_falls_back_at_the_timeout(
     with probe_installed():
         probed = generate(completions(server.base_url, num_concurrent=2, timeout=2), n)
     assert probed == plain and server.snapshot()["streamed"] == streamed
-    assert capsys.readouterr().err.count("a stream held open after its last chunk, without [DONE]") == 1
+    assert capsys.readouterr().err.count("a stream held open after its choices ended, without [DONE]") == 1
 
 
 def test_an_answer_sent_as_one_event_past_aiohttps_line_limit_is_reassembled(sim, result_dir, monkeypatch) -> None:

@@ -40,8 +40,8 @@ not, as JSON whose body ends 50 bytes before its Content-Length says, then drops
 connection: a transport error while the body is read). Two quirks a server that can stream
 has: ``one_event`` (each choice's whole text in one event, as a buffering gateway sends it)
 ``busy_once`` (its first streamed generate request is answered HTTP 500, as an overloaded
-server answers) and ``held_open`` (a stream that sends everything but ``[DONE]`` and stays open,
-a keep-alive comment every 0.5 s, until the client leaves).
+server answers) and ``held_open`` (a stream that ends its choices, sends neither the usage nor
+``[DONE]``, and stays open, a keep-alive comment every 0.5 s, until the client leaves).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
@@ -378,7 +378,9 @@ class SimServer:
                         ended[index] = True
                         await send({"choices": [self._ending(body["choices"][index], "messages" in payload)]})
                 await asyncio.sleep(_next_wake(pending, sent, ended, clocks, time.monotonic() - started))
-            if (payload.get("stream_options") or {}).get("include_usage") and self.stream_quirk != "no_usage":
+            if (payload.get("stream_options") or {}).get("include_usage") and self.stream_quirk not in (
+                "no_usage", "held_open",
+            ):  # fmt: skip
                 await send({"choices": [], "usage": body.get("usage")})
             while self.stream_quirk == "held_open":  # never [DONE]: until the client leaves
                 await response.write(b": keep-alive\n\n")

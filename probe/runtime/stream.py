@@ -234,12 +234,11 @@ class Reassembly:
         return new
 
     @property
-    def finished(self) -> bool:
-        """Every choice has ended and the usage has come: all that is missing is ``[DONE]``."""
-        return (
-            self._usage is not None
-            and sorted(self._choices) == list(range(self.n_choices))
-            and all(choice.fields.get("finish_reason") is not None for choice in self._choices.values())
+    def ended(self) -> bool:
+        """Every choice has ended: nothing more is being generated (the usage and ``[DONE]`` may
+        still be missing)."""
+        return sorted(self._choices) == list(range(self.n_choices)) and all(
+            choice.fields.get("finish_reason") is not None for choice in self._choices.values()
         )
 
     def response(self) -> dict[str, Any]:

@@ -166,10 +166,10 @@ class _StreamedPost:
                 if whole.done:
                     break
         except asyncio.TimeoutError:
-            if not whole.finished:  # a generation still running: its timeout is lm-eval's, as unstreamed
+            if not whole.ended:  # a generation still running: its timeout is lm-eval's, as unstreamed
                 raise
-            # Everything came but [DONE], and the server held the stream open until the timeout.
-            raise Unassemblable("a stream held open after its last chunk, without [DONE]") from None
+            # Every choice had ended, and the server held the stream open until the timeout.
+            raise Unassemblable("a stream held open after its choices ended, without [DONE]") from None
         for data in lines.flush():
             whole.add_event(data)
         return Reassembled(whole.response())
