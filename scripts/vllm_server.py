@@ -40,12 +40,27 @@ def free_port() -> int:
 
 def start(
     model: Path, name: str, python: str, port: int = 0, log: Path | None = None, timeout: float = 300,
-    max_model_len: int = 2048,
+    max_model_len: int = 2048, tries: int = 3,
 ) -> Server:  # fmt: skip
-    """Start vLLM on ``model`` (served as ``name``) and return once /health answers;
-    ``max_model_len`` must hold a prompt and its ``max_tokens``."""
-    port = port or free_port()
-    log = log or Path(f"/tmp/vllm-{name}-{port}.log")
+    """Start vLLM on ``model`` (served as ``name``) and return once it answers as that model;
+    ``max_model_len`` must hold a prompt and its ``max_tokens``. With no ``port``, a free one:
+    another process may take it during vLLM's start-up (tens of seconds), so a start that
+    finds it in use is tried again on another (``tries`` in all)."""
+    chosen = port or free_port()
+    try:
+        return _start(model, name, python, chosen, log or Path(f"/tmp/vllm-{name}-{chosen}.log"), timeout,
+                      max_model_len)  # fmt: skip
+    except PortTaken:
+        if port or tries <= 1:
+            raise
+        return start(model, name, python, 0, log, timeout, max_model_len, tries - 1)
+
+
+class PortTaken(RuntimeError):
+    """vLLM could not bind its port: another process holds it."""
+
+
+def _start(model: Path, name: str, python: str, port: int, log: Path, timeout: float, max_model_len: int) -> Server:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.pop("PYTHONPATH", None)  # the server must not run the probe
     command = [
@@ -60,12 +75,16 @@ def start(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if "Address already in use" in log.read_text(errors="replace"):
+                raise PortTaken(f"port {port} was taken during vLLM's start-up; see {log}")
             raise RuntimeError(f"vLLM exited with {proc.returncode} during start-up; see {log}")
+        # Its own model list, not just /health: whatever else holds the port must not pass for it.
         try:
-            with urllib.request.urlopen(f"{server.base_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return server
-        except OSError:
+            with urllib.request.urlopen(f"{server.base_url}/v1/models", timeout=2) as response:
+                served = [entry.get("id") for entry in json.load(response).get("data", [])]
+            if response.status == 200 and name in served and proc.poll() is None:
+                return server
+        except (OSError, ValueError, AttributeError):
             pass
         time.sleep(1)
     stop(proc.pid)
