@@ -38,7 +38,7 @@ chunk after the first text), ``unknown_field`` (a choice with a field nobody kno
 ``json`` (answers unstreamed) or ``json_cut`` (answers every generate request, streamed or
 not, as JSON whose body ends 50 bytes before its Content-Length says, then drops the
 connection: a transport error while the body is read). Two quirks a server that can stream
-has: ``one_event`` (each choice's whole text in one event, as a buffering gateway sends it)
+has: ``one_event`` (each choice's whole text in one event, as a buffering gateway sends it),
 ``busy_once`` (its first streamed generate request is answered HTTP 500, as an overloaded
 server answers) and ``held_open`` (a stream that ends its choices, sends neither the usage nor
 ``[DONE]``, and stays open, a keep-alive comment every 0.5 s, until the client leaves).

@@ -152,7 +152,6 @@ class Probe:
         with self.lock:
             group = request.group
             stream = self.settings.stream == "on" or group.tally.verdict_open(self.settings, group.pending)
-            self._settle(request)  # asked again: counted once
             request.pending = request.n_answers - len(request.flagged)  # a retry's flags are counted
             group.pending += request.pending
             return stream
