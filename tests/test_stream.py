@@ -32,13 +32,14 @@ USAGE = st.fixed_dictionaries({"prompt_tokens": st.integers(0, 99), "completion_
 
 @st.composite
 def responses(draw: st.DrawFn) -> dict[str, Any]:
-    """A response as vLLM sends it unstreamed (the fields a stream also carries)."""
-    chat = draw(st.booleans())
+    """A response as vLLM, or another server that streams as vLLM does, sends it unstreamed
+    (the fields a stream also carries)."""
+    chat, vllm = draw(st.booleans()), draw(st.booleans())
     n = 1 if chat else draw(st.integers(1, 4))
     choices = []
     for index in range(n):
         choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": draw(REASONS)}
-        if draw(st.booleans()):
+        if vllm:  # vLLM's choices always carry it; another server's may not
             choice["stop_reason"] = draw(st.none() | st.integers(0, 9) | st.text(max_size=3))
         if chat:
             message: dict[str, Any] = {"role": "assistant"}
@@ -112,11 +113,22 @@ def sse(chunks: list[Any], done: bool = True) -> list[str]:
     return lines + (["data: [DONE]\n", "\n"] if done else [])
 
 
+def _said_by_vllm(response: dict[str, Any]) -> bool:
+    return all("stop_reason" in choice for choice in response["choices"])
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.data())
 def test_any_response_streamed_as_the_server_would_reassembles_into_itself(data: st.DataObject) -> None:
     response = data.draw(responses())
     chunks = server_chunks(data.draw, response)
+    empty = any("message" in choice and not choice["message"]["content"] for choice in response["choices"])
+    if empty and not _said_by_vllm(response):
+        # An empty answer from a server that does not say it is vLLM (or SGLang): unstreamed it
+        # may be null or "", and the stream cannot tell which.
+        with pytest.raises(Unassemblable, match="an empty answer"):
+            reassemble(sse(chunks), len(response["choices"]))
+        return
     rebuilt, seen = reassemble(sse(chunks), len(response["choices"]))
     assert rebuilt == response
     # The probe saw, per choice, exactly the text the choice holds, in order.
@@ -157,6 +169,26 @@ def test_a_plain_stream_reassembles() -> None:
 def test_what_cannot_be_reassembled_with_certainty_is_refused(change: Any, reason: str) -> None:
     with pytest.raises(Unassemblable):
         reassemble(sse(change(_healthy())), 1)
+
+
+@pytest.mark.parametrize(("ending", "content"), [({}, Unassemblable), ({"stop_reason": None}, None)])
+def test_an_empty_answer_after_reasoning_is_none_from_vllm_and_refused_from_a_server_that_may_say_either(
+    ending: dict[str, Any], content: Any
+) -> None:
+    # A reasoning model that spent its budget thinking. vLLM answers content null unstreamed;
+    # a server that does not say which it is may answer "" (and lm-eval would then log "", not
+    # its placeholder for null), so the request falls back.
+    head = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+              {**head, "choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length", **ending}]},
+              {**head, "choices": [], "usage": {"completion_tokens": 1}}]  # fmt: skip
+    if content is Unassemblable:
+        with pytest.raises(Unassemblable, match="an empty answer"):
+            reassemble(sse(chunks), 1)
+        return
+    rebuilt, _ = reassemble(sse(chunks), 1)
+    assert rebuilt["choices"][0]["message"] == {"role": "assistant", "content": None, "reasoning_content": "hmm"}
 
 
 def test_a_tool_call_in_a_chat_delta_is_refused() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -62,14 +63,44 @@ def test_probed_streamed_and_unprobed_runs_log_the_same_responses(
     assert probed == plain and len(plain) == 40
 
 
-@pytest.mark.parametrize("mode", ["healthy", "empty"])
-def test_streamed_chat_answers_are_the_unprobed_ones_with_null_content_too(sim, result_dir, mode) -> None:
-    # "empty": content null, which 0.4.12+ turns into its placeholder: the same either way.
-    server = sim(mode, lengths="reasoning", reasoning_field="reasoning")
-    plain = generate(chat(server.base_url), 6, chat_format=True)
+@pytest.mark.parametrize(
+    ("mode", "quirk"),
+    [("healthy", None), ("empty", None), ("reasoning", None), ("reasoning", "unlabelled"), ("empty", "unlabelled")],
+)
+def test_streamed_chat_answers_are_the_unprobed_ones_empty_or_null_too(
+    sim, result_dir, monkeypatch, capsys, mode, quirk
+) -> None:
+    # "empty": content "" (vLLM's empty answer); "reasoning": null after the thinking (vLLM's,
+    # at the cap), or "" from a server that does not say it is vLLM ("unlabelled"), which the
+    # stream cannot tell apart: that falls back. lm-eval 0.4.12+ turns null content into its
+    # placeholder (older releases hand on None): set to a text here, so that null and "" differ.
+    from lm_eval.models import api_models
+
+    monkeypatch.setattr(api_models, "LMEVAL_MODEL_NONE_ANSWER_PLACEHOLDER", "NONE", raising=False)
+    server = sim(mode, lengths="reasoning", reasoning_field="reasoning", stream_quirk=quirk)
+    plain = generate(chat(server.base_url, num_concurrent=2), 6, chat_format=True)
+    before = server.snapshot()["generate_requests"]
     with probe_installed():
-        probed = generate(chat(server.base_url), 6, chat_format=True)
-    assert probed == plain and server.snapshot()["streamed"] == 6
+        probed = generate(chat(server.base_url, num_concurrent=2), 6, chat_format=True)
+    stats = server.snapshot()
+    assert probed == plain
+    content = _unstreamed_content(server.base_url)
+    assert content == {"healthy": content or "?", "empty": "", "reasoning": "" if quirk else None}[mode]
+    fallbacks = stats["generate_requests"] - before - 6
+    if quirk is None:
+        assert stats["streamed"] == 6 and fallbacks == 0
+    else:  # auto: the two in flight at the first fall back, then no more streaming
+        assert stats["streamed"] == fallbacks == 2
+        assert capsys.readouterr().err.count("an empty answer, which this server may send as null") == 1
+
+
+def _unstreamed_content(base_url: str) -> str | None:
+    """The content of the server's own unstreamed chat answer (what the case is about)."""
+    payload = {"model": "sim", "messages": [{"role": "user", "content": "Q"}], "max_tokens": 2048}
+    post = urllib.request.Request(f"{base_url}/v1/chat/completions", json.dumps(payload).encode(), method="POST")
+    post.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(post, timeout=10) as reply:
+        return json.load(reply)["choices"][0]["message"]["content"]
 
 
 QUIRKS = ["refuse", "no_usage", "error_event", "unknown_field", "json"]
@@ -127,20 +158,32 @@ def test_a_model_behind_a_server_busy_once_that_turns_bad_is_streamed_and_flagge
     assert server.snapshot()["streamed"] > 40
 
 
+@pytest.mark.parametrize(
+    ("quirk", "said"),
+    [
+        ("held_open", "a stream held open after its choices ended, without [DONE]"),
+        ("stall_mid", "a stream that broke off or stalled: TimeoutError"),
+        ("drop_mid", "a stream that broke off or stalled: ClientPayloadError"),
+        ("drop_after_last", "a stream that broke off or stalled: ClientPayloadError"),
+    ],
+)
 @pytest.mark.parametrize(("knob", "n", "streamed"), [("auto", 6, 2), ("on", 2, 2)])
-def test_a_stream_held_open_after_its_last_chunk_falls_back_at_the_timeout(
-    sim, result_dir, monkeypatch, capsys, knob, n, streamed
+def test_a_stream_held_open_stalled_or_cut_short_falls_back_to_one_ordinary_request(
+    sim, result_dir, monkeypatch, capsys, quirk, said, knob, n, streamed
 ) -> None:
-    # Every choice ended, then neither the usage nor [DONE], and the server kept the stream
-    # open: unprobed, lm-eval got its answers at once. At lm-eval's timeout the request goes unstreamed; under auto the
-    # server is not streamed again (the two in flight waited).
+    # Unprobed, lm-eval got its answers at once: ordinary requests to this server work, its
+    # streams (or a proxy's) do not. Held open (every choice ended, then neither the usage nor
+    # [DONE]) or stalled after the first text, a stream ends at lm-eval's timeout; cut short, at
+    # once. Either way the request goes unstreamed, and under auto the server is not streamed
+    # again (the two in flight fell back).
     monkeypatch.setenv(ENV_STREAM, knob)
-    server = sim("healthy", stream_quirk="held_open")
+    server = sim("healthy", stream_quirk=quirk)
     plain = generate(completions(server.base_url, num_concurrent=2, timeout=2), n)
     with probe_installed():
         probed = generate(completions(server.base_url, num_concurrent=2, timeout=2), n)
-    assert probed == plain and server.snapshot()["streamed"] == streamed
-    assert capsys.readouterr().err.count("a stream held open after its choices ended, without [DONE]") == 1
+    stats = server.snapshot()
+    assert probed == plain and stats["streamed"] == streamed and stats["generate_requests"] == 2 * n + streamed
+    assert capsys.readouterr().err.count(said) == 1
 
 
 def test_an_answer_sent_as_one_event_past_aiohttps_line_limit_is_reassembled(sim, result_dir, monkeypatch) -> None:
@@ -234,10 +277,12 @@ def test_random_text_never_loops_and_trips_by_the_cap_rule(sim, result_dir) -> N
 
 
 def test_a_flagged_attempt_that_times_out_is_not_counted_again_by_its_retry(sim, result_dir, monkeypatch) -> None:
-    # Each attempt is flagged within its first tokens, then lm-eval's timeout ends it and
-    # tenacity retries it: a new call for the same prompts, whose flag must not count twice.
+    # Each attempt is flagged within its first tokens, then lm-eval's timeout ends its stream,
+    # the ordinary request sent in its place times out too, and tenacity retries it: a new call
+    # for the same prompts, streamed again (the knob on), whose flag must not count twice.
     monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "8")
     monkeypatch.setenv(contract.ENV_SLOW_START, "off")
+    monkeypatch.setenv(ENV_STREAM, "on")
     server = sim("loop_short", seconds_per_token=0.005)  # 20 s for 4,096 tokens
     lm = completions(server.base_url, num_concurrent=4, timeout=2)
     lm.max_retries = 3
@@ -247,7 +292,8 @@ def test_a_flagged_attempt_that_times_out_is_not_counted_again_by_its_retry(sim,
         probe.finalise()
     # Four generations were seen looping: four observations, not one per attempt.
     assert not (result_dir / contract.SIDECAR_NAME).exists()
-    assert server.snapshot()["generate_requests"] == 4 * 3
+    stats = server.snapshot()
+    assert stats["streamed"] == 4 * 3 and stats["generate_requests"] == 4 * 3 * 2
 
 
 @pytest.mark.parametrize(

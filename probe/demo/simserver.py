@@ -32,7 +32,9 @@ word one token; without a clock, a few words a chunk), a last chunk per choice w
 its ``finish_reason``, a usage chunk when ``stream_options.include_usage`` asks, then
 ``data: [DONE]``; chat streams open with the role, and on the ``reasoning`` profile (and in
 ``reasoning`` mode) the thinking comes first as ``reasoning_field`` deltas. The chunks
-reassemble into exactly the unstreamed body. ``stream_quirk`` makes a server that cannot be
+reassemble into exactly the unstreamed body, which follows vLLM's: every choice carries
+``stop_reason``, and a chat answer left empty is null after reasoning and ``""`` otherwise.
+``stream_quirk`` makes a server that cannot be
 streamed: ``refuse`` (400 to any ``stream_options``), ``no_usage``, ``error_event`` (an error
 chunk after the first text), ``unknown_field`` (a choice with a field nobody knows),
 ``json`` (answers unstreamed) or ``json_cut`` (answers every generate request, streamed or
@@ -40,8 +42,12 @@ not, as JSON whose body ends 50 bytes before its Content-Length says, then drops
 connection: a transport error while the body is read). Two quirks a server that can stream
 has: ``one_event`` (each choice's whole text in one event, as a buffering gateway sends it),
 ``busy_once`` (its first streamed generate request is answered HTTP 500, as an overloaded
-server answers) and ``held_open`` (a stream that ends its choices, sends neither the usage nor
-``[DONE]``, and stays open, a keep-alive comment every 0.5 s, until the client leaves).
+server answers), ``held_open`` (a stream that ends its choices, sends neither the usage nor
+``[DONE]``, and stays open, a keep-alive comment every 0.5 s, until the client leaves),
+``stall_mid`` (the same after the first text), ``drop_mid`` and ``drop_after_last`` (the
+connection dropped after the first text, or once every choice has ended: the body cut short,
+as a proxy that gives up on a stream cuts it) and ``unlabelled`` (a server that is not vLLM:
+no ``stop_reason``, and an empty chat answer is ``""`` even after reasoning).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
@@ -79,7 +85,7 @@ MODES = (
 )  # fmt: skip
 STREAM_QUIRKS = (
     None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut",
-    "one_event", "busy_once", "held_open",
+    "one_event", "busy_once", "held_open", "stall_mid", "drop_mid", "drop_after_last", "unlabelled",
 )  # fmt: skip
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
@@ -308,8 +314,7 @@ class SimServer:
             self.stats.in_flight_at_arrival.append(self.stats.in_flight)
             self.stats.stopped_at_arrival.append(self.stats.stopped)
         choices = [
-            {"index": index, "finish_reason": reason, **self._body(text, chat, tokens)}
-            for index, (text, tokens, reason) in enumerate(plans)
+            self._choice(index, reason, text, chat, tokens) for index, (text, tokens, reason) in enumerate(plans)
         ]
         usage = {"completion_tokens": sum(t for _, t, _ in plans), "prompt_tokens": 1}
         kind = "chat.completion" if chat else "text_completion"
@@ -354,8 +359,8 @@ class SimServer:
 
         try:
             if "messages" in payload:
-                for index, choice in enumerate(body["choices"]):
-                    opening = {"role": "assistant", **({"content": ""} if choice["message"].get("content") else {})}
+                for index in range(len(body["choices"])):
+                    opening = {"role": "assistant", "content": ""}  # vLLM's first chunk of every choice
                     await send({"choices": [{"index": index, "delta": opening, "finish_reason": None}]})
             while not all(ended):
                 elapsed = time.monotonic() - started
@@ -373,18 +378,23 @@ class SimServer:
                         if self.stream_quirk == "error_event":
                             await send({"error": {"message": "simulated failure", "code": 500}})
                             return response
+                        if self.stream_quirk == "drop_mid":
+                            return _dropped(request, response)
+                        if self.stream_quirk == "stall_mid":
+                            await _keep_alive(response)
                     sent[index] = due
                     if due == len(units) and (clock <= 0 or elapsed >= clock):
                         ended[index] = True
                         await send({"choices": [self._ending(body["choices"][index], "messages" in payload)]})
                 await asyncio.sleep(_next_wake(pending, sent, ended, clocks, time.monotonic() - started))
+            if self.stream_quirk == "drop_after_last":
+                return _dropped(request, response)
             if (payload.get("stream_options") or {}).get("include_usage") and self.stream_quirk not in (
                 "no_usage", "held_open",
             ):  # fmt: skip
                 await send({"choices": [], "usage": body.get("usage")})
-            while self.stream_quirk == "held_open":  # never [DONE]: until the client leaves
-                await response.write(b": keep-alive\n\n")
-                await asyncio.sleep(0.5)
+            if self.stream_quirk == "held_open":
+                await _keep_alive(response)
             await response.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             # The tokens generated until the client left, as vLLM counts an aborted request's.
@@ -405,6 +415,8 @@ class SimServer:
 
     def _ending(self, choice: dict[str, Any], chat: bool) -> dict[str, Any]:
         ending: dict[str, Any] = {"index": choice["index"], "finish_reason": choice.get("finish_reason")}
+        if "stop_reason" in choice:
+            ending["stop_reason"] = choice["stop_reason"]
         ending.update({"delta": {}} if chat else {"text": ""})
         if self.stream_quirk == "unknown_field":
             ending["surprise"] = 1
@@ -425,23 +437,27 @@ class SimServer:
         kind = "chat.completion" if chat else "text_completion"
         if self.first_reason == "no_choices":
             return {"id": "sim", "object": kind, "choices": [], "usage": {"completion_tokens": 0}}
-        choices = [
-            {"index": i, "finish_reason": self.first_reason, **self._body("", chat, 0)} for i in range(len(prompts))
-        ]
+        choices = [self._choice(i, self.first_reason, "", chat, 0) for i in range(len(prompts))]
         return {"id": "sim", "object": kind, "choices": choices, "usage": {"completion_tokens": 0}}
+
+    def _choice(self, index: int, reason: str, text: str, chat: bool, tokens: int) -> dict[str, Any]:
+        """One choice of an unstreamed response."""
+        labelled = {} if self.stream_quirk == "unlabelled" else {"stop_reason": None}
+        return {"index": index, "finish_reason": reason, **labelled, **self._body(text, chat, tokens)}
 
     def _body(self, text: str, chat: bool, tokens: int) -> dict[str, Any]:
         """A choice's text (completions) or message (chat), as each mode's server sends it."""
         if not chat:
             return {"text": "" if self.mode == "reasoning" else text}
         if self.mode == "reasoning" and text:
-            return {"message": {"role": "assistant", "content": None, self.reasoning_field: text}}
+            empty = "" if self.stream_quirk == "unlabelled" else None  # vLLM: null after reasoning
+            return {"message": {"role": "assistant", "content": empty, self.reasoning_field: text}}
         if self.lengths == "reasoning" and text and self.mode in ("healthy", "mixed"):
             # A thinking model's answer: the thinking (one word a token, words that never loop, or
             # the probe's loop detector would rightly flag it), then the answer.
             thinking = loop_text("random", f"{self.seed}:thinking:{text}:{tokens}", max(0, tokens - len(text.split())))
             return {"message": {"role": "assistant", "content": text, self.reasoning_field: thinking}}
-        return {"message": {"role": "assistant", "content": text or None}}
+        return {"message": {"role": "assistant", "content": text}}
 
     def _plan(self, prompt: str, max_tokens: int, turned: bool = False) -> tuple[str, int, str]:
         """(text, tokens, finish_reason) for one prompt (``turned``: past ``turn_after``); one
@@ -568,9 +584,21 @@ async def _cut_short(request: web.Request, body: dict[str, Any]) -> web.StreamRe
     response = web.StreamResponse(headers=headers)
     await response.prepare(request)
     await response.write(data)
+    return _dropped(request, response)
+
+
+def _dropped(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """``response`` with its connection dropped where it stands: the client's body is cut short."""
     if request.transport is not None:
         request.transport.close()
     return response
+
+
+async def _keep_alive(response: web.StreamResponse) -> None:
+    """A keep-alive comment every 0.5 s, never [DONE]: until the client leaves."""
+    while True:
+        await response.write(b": keep-alive\n\n")
+        await asyncio.sleep(0.5)
 
 
 def _is_response(body: Any) -> bool:

@@ -124,9 +124,12 @@ class _Choice:
         content = self.joined("content")
         reasoning = any(self.joined(name) for name in REASONING_FIELDS)
         # Both streams open every message with content "". Unstreamed, SGLang (whose choices
-        # carry matched_stop) answers None for any empty field; vLLM's reasoning parsers answer
-        # None for an empty answer after reasoning, and "" otherwise.
-        sglang = "matched_stop" in self.fields
+        # carry matched_stop) answers None for any empty field; vLLM (whose last chunk of a
+        # choice carries stop_reason) answers None for an empty answer after reasoning, and ""
+        # otherwise. Another server may answer an empty answer either way: not ours to guess.
+        sglang, vllm = "matched_stop" in self.fields, "stop_reason" in self.fields
+        if not content and not (sglang or vllm):
+            raise Unassemblable(f'choice {self.index}: an empty answer, which this server may send as null or as ""')
         message["content"] = None if not content and (reasoning or sglang) else content
         for name in REASONING_FIELDS:
             if name in self.texts:

@@ -12,7 +12,12 @@ response as JSON has answered already: that answer goes to lm-eval as it came, a
 sent twice. Under ``auto``, a server whose ordinary request succeeded after such a fallback,
 or that ignored ``stream``, is not streamed again in this process; under ``on`` every request
 tries.
-A transport error or a timeout propagates as it would unstreamed: lm-eval retries.
+A stream that breaks off or stalls (the connection lost, lm-eval's timeout) falls back in the
+same way, since a stream can fail where the ordinary request would not (a proxy, a server's
+streaming path): the ordinary request then decides what lm-eval gets, a server that is down
+failing it as it would unstreamed (lm-eval retries); under ``auto`` that server is not streamed
+again. A connection that cannot be made, or an unstreamed JSON reply that breaks off,
+propagates as it would unstreamed.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ class _StreamedPost:
         self._n_choices = n_choices
         self._ordinary: Any = None
         self._status: int | None = None  # the streamed attempt's HTTP status
+        self._broke = False  # the streamed attempt's reply broke off or stalled
 
     async def __aenter__(self) -> Any:
         owner = self._owner
@@ -103,13 +109,22 @@ class _StreamedPost:
             return outcome
         if isinstance(outcome, Reassembled):
             return outcome
+        request = owner._request
+        if request.group.tripped:  # tripped while this one streamed: nothing more is sent for it
+            request.cancelled_by_probe = True
+            raise asyncio.CancelledError
+        failed = f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed"
+        if self._broke:
+            # Said, and streaming stopped, before the ordinary request: a server that fails that
+            # too (down, restarting) is then not asked twice on each of lm-eval's retries.
+            self._settle(outcome.split(":")[0], failed, ", each request tries again", stop=True)
         self._ordinary = owner._session.post(self._url, json=self._payload, **self._kwargs)
         response = await self._ordinary.__aenter__()
-        failed = f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed"
-        # A server that cannot stream answered the ordinary request; one that was briefly
-        # overloaded or failing (408, 429, 5xx) may stream the next one.
-        stop = response.ok and not passing_failure(self._status)
-        self._settle(outcome.split(":")[0], failed, ", each request tries again", stop)
+        if not self._broke:
+            # A server that cannot stream answered the ordinary request; one that was briefly
+            # overloaded or failing (408, 429, 5xx) may stream the next one.
+            stop = response.ok and not passing_failure(self._status)
+            self._settle(outcome.split(":")[0], failed, ", each request tries again", stop)
         return response
 
     def _settle(self, reason: str, said: str, under_on: str, stop: bool) -> None:
@@ -139,7 +154,11 @@ class _StreamedPost:
                     answer = await _json_answer(response, self._n_choices)
                     complete = answer is not None
                     return answer or "a reply that is not a stream"
-                body = await self._read(response)
+                try:
+                    body = await self._read(response)
+                except (asyncio.TimeoutError, *_transport_errors()) as error:
+                    self._broke = True
+                    return f"a stream that broke off or stalled: {type(error).__name__}: {str(error)[:200]}"
                 complete = True
                 return body
             except Unassemblable as error:
@@ -166,13 +185,20 @@ class _StreamedPost:
                 if whole.done:
                     break
         except asyncio.TimeoutError:
-            if not whole.ended:  # a generation still running: its timeout is lm-eval's, as unstreamed
+            if not whole.ended:  # a generation still running, or a stream stalled: the caller falls back
                 raise
             # Every choice had ended, and the server held the stream open until the timeout.
             raise Unassemblable("a stream held open after its choices ended, without [DONE]") from None
         for data in lines.flush():
             whole.add_event(data)
         return Reassembled(whole.response())
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """aiohttp's client errors (a connection lost, a body cut short), or none before aiohttp is
+    imported: it is lm-eval's, imported by the time a response exists."""
+    aiohttp = sys.modules.get("aiohttp")
+    return (aiohttp.ClientError,) if aiohttp is not None else ()
 
 
 async def _json_answer(response: Any, n_choices: int) -> AnsweredUnstreamed | None:
