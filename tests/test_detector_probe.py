@@ -36,6 +36,19 @@ def test_a_flag_counts_once_and_its_ending_is_filed_apart(result_dir: Path) -> N
     assert not request.group.tripped and not result_dir.exists()
 
 
+def test_the_generations_the_detector_read_are_counted_whether_or_not_it_flagged_them(result_dir: Path) -> None:
+    # Of four observed: one flagged, one read and not flagged, one whose stream carried only
+    # empty text, one never streamed. The count is the denominator of a false-flag rate.
+    probe, (flagged, read, empty, unread, *_) = probe_with_requests(20)
+    loop_until_flagged(probe, flagged)
+    probe.partial(read, 0, "The answer is 4")
+    probe.partial(empty, 0, "")
+    for request in (flagged, read, empty, unread):
+        probe.observe(request, response("stop", 120))
+    task = probe.evidence_document()["tasks"]["t"]
+    assert (task["observations"], task["flagged"], task["watched"]) == (4, 1, 2)
+
+
 def test_a_flagged_generation_that_then_stops_is_still_pathological_for_the_gate(result_dir: Path) -> None:
     # The detector's false flag (or a loop the model left): the flag stands for the rule, the
     # slow start sees the pathological outcome, and the precision line records the stop.

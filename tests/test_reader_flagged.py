@@ -111,15 +111,32 @@ def test_without_the_trip_record_the_results_file_counts_what_the_rule_counted(t
     [{"flagged": -1, "flagged_endings": {}}, {"flagged": 1, "flagged_endings": {"stop": 2}},
      {"flagged": "3", "flagged_endings": {}}, {"flagged": 3, "flagged_endings": [1]},
      {"flagged_endings": {"stop": 1}}, {"flagged": 5, "flagged_endings": {"length": 5}},
-     {"flagged": 3, "flagged_endings": {"stop": 2, "length": 1}}],
+     {"flagged": 3, "flagged_endings": {"stop": 2, "length": 1}},
+     {"flagged": 0, "flagged_endings": {}, "watched": -1}, {"flagged": 0, "flagged_endings": {}, "watched": 41},
+     {"flagged": 2, "flagged_endings": {"stop": 2}, "watched": 1}],
     ids=["negative", "more-endings-than-flags", "not-a-count", "endings-not-counts", "endings-without-count",
-         "endings-never-filed-as-endings", "an-ending-beyond-its-finish-reason"],
+         "endings-never-filed-as-endings", "an-ending-beyond-its-finish-reason", "watched-negative",
+         "watched-more-than-observed", "watched-fewer-than-flagged-endings"],
 )  # fmt: skip
 def test_flagged_evidence_that_cannot_be_true_is_unavailable(tmp_path: Path, changes: dict) -> None:
     write_run(tmp_path, {"t": 0.9}, {"t": figures(**changes)})
     run = read(tmp_path)
     assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stdout
     assert "flagged" in run.stdout
+
+
+@pytest.mark.parametrize(("watched", "said"), [(12, "it read 12 of the 40"), (0, "it read 0 of the 40")])
+def test_how_many_generations_the_detector_read_is_said_when_it_flagged_none(
+    tmp_path: Path, watched: int, said: str
+) -> None:
+    # "flagged 0" is worth what the detector read: 12 of 40 (a few streamed), or none (nothing
+    # streamed: the cap rule alone judged).
+    write_run(tmp_path, {"t": 0.9}, {"t": figures(flagged=0, flagged_endings={}, watched=watched)})
+    run = read(tmp_path, "--task", "t")
+    assert run.returncode == exitcodes.READ_STATUS["ok"], run.stdout
+    assert f"loop detector: no generation flagged; {said} generations observed as they came" in run.stdout
+    (verdict,) = json.loads(read(tmp_path, "--json").stdout)
+    assert verdict["evidence"]["watched"] == watched
 
 
 def test_flagged_stops_at_a_hidden_cap_are_not_read_as_stopped_by_themselves(tmp_path: Path) -> None:

@@ -105,6 +105,13 @@ def _flagged_problem(figures: dict[str, Any]) -> str | None:
     reasons = figures["finish_reasons"]
     if any(count > reasons.get(label, 0) for label, count in endings.items()):
         return "records flagged endings its finish reasons do not hold: the evidence contradicts itself"
+    if "watched" in figures:  # absent from evidence written before it was counted
+        watched = figures["watched"]
+        if type(watched) is not int or watched < 0:
+            return "has no count 'watched'"
+        if not sum(endings.values()) <= watched <= figures["observations"]:
+            return ("counts more generations the loop detector read than were observed, or fewer than it "
+                    "flagged and then saw end: the evidence contradicts itself")  # fmt: skip
     return None
 
 
@@ -132,6 +139,8 @@ def summed(all_figures: list[dict[str, Any]]) -> dict[str, Any] | None:
             for key, value in (figures.get("flagged_endings") or {}).items():
                 endings[key] = endings.get(key, 0) + value
         total["flagged_endings"] = endings
+    if all("watched" in f for f in all_figures):  # a sum over some tasks only would undercount
+        total["watched"] = sum(f["watched"] for f in all_figures)
     total["max_tokens"] = sorted({m for f in all_figures for m in f["max_tokens"]})
     total["tripped"] = any(f["tripped"] for f in all_figures)
     return total

@@ -48,11 +48,17 @@ def trip_words(record: Mapping[str, Any] | None) -> TripWords:
 
 def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     """The loop detector's line for a task's (or group's) evidence: how many generations it
-    flagged and how those that then ended ended (its precision on this run); None when it
-    flagged none, or the evidence predates it."""
-    flagged = (figures or {}).get("flagged")
+    read as they came and how many it flagged, and how those that then ended ended (its
+    precision on this run); None when it read and flagged none, or the evidence predates it."""
+    flagged, watched = (figures or {}).get("flagged"), (figures or {}).get("watched")
+    read = (
+        f"it read {watched} of the {_count(figures, 'observations')} generations observed as they came"
+        if type(watched) is int
+        else None
+    )
     if type(flagged) is not int or flagged <= 0:
-        return None
+        # Flagged none: of how many it read (none at all when nothing was streamed) says what that is worth.
+        return f"loop detector: no generation flagged; {read}" if read and type(flagged) is int else None
     endings = (figures or {}).get("flagged_endings") or {}
     ended = sum(endings.values())
     said = ", ".join(f"{reason}={count}" for reason, count in sorted(endings.items()))
@@ -67,7 +73,8 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     if at_cap:
         then += (f"; up to {at_cap} of the stops may be at the max_tokens cap, which this server reports as a stop "
                  "(not a flag proved wrong)")  # fmt: skip
-    return f"loop detector: {flagged} generations flagged looping before they ended; " + then
+    line = f"loop detector: {flagged} generations flagged looping before they ended; " + then
+    return f"{line}; {read}" if read else line
 
 
 def _count(figures: Mapping[str, Any] | None, name: str) -> int:

@@ -86,8 +86,9 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 # - flagged: a generation the loop detector (``degeneration``) saw looping in its partial
 #   output. The flag counts once, at once, as a pathological observation with cause
 #   REPETITION; how a flagged generation then ended is filed apart (``flagged_endings``), so
-#   that the detector's precision can be read off every run. A flag never ends a request by
-#   itself: only a trip of its group does.
+#   that the detector's precision can be read off every run, and the observed generations
+#   whose output it read are counted (``watched``: the denominator of its false-flag rate). A
+#   flag never ends a request by itself: only a trip of its group does.
 # - evaluation: one ``simple_evaluate`` call, the probe's scope (``state.Probe``): its own
 #   groups, evidence, run identity, sidecar and gates.
 # ---------------------------------------------------------------------------------------

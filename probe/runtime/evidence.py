@@ -152,13 +152,18 @@ class TaskEvidence:
     below_min_max_tokens: int = 0  # observed, but under the budget that counts for the rule
     flagged: int = 0  # generations the loop detector flagged from their partial output
     flagged_endings: Counter = field(default_factory=Counter)  # how those then ended: finish reasons
+    watched: int = 0  # observed generations whose partial output the loop detector had read
     max_tokens: set = field(default_factory=set)
     groups: set = field(default_factory=set)
 
-    def add(self, choice: Choice, max_tokens: int, is_evidence: bool, flagged: bool = False) -> None:
-        """File how one generation ended (``flagged``: the loop detector had flagged it)."""
+    def add(
+        self, choice: Choice, max_tokens: int, is_evidence: bool, flagged: bool = False, watched: bool = False
+    ) -> None:
+        """File how one generation ended (``flagged``: the loop detector had flagged it;
+        ``watched``: it had read some of its output, flagged or not)."""
         if flagged:
             self.flagged_endings[choice.label] += 1
+        self.watched += watched or flagged
         self.observed += 1
         self.reasons[choice.label] += 1
         if choice.cause:
@@ -184,6 +189,7 @@ class TaskEvidence:
             "below_min_max_tokens": self.below_min_max_tokens,
             "flagged": self.flagged,
             "flagged_endings": dict(sorted(self.flagged_endings.items())),
+            "watched": self.watched,
             "max_tokens": sorted(self.max_tokens),
             "tripped": tripped,
         }

@@ -230,13 +230,16 @@ class Probe:
             if request.observed:  # observed meanwhile by another thread
                 return
             request.observed = True
+            watched = set(request.detectors)  # the choices whose output the detector has read
             request.detectors.clear()
             self._settle(request)
             self._tasks_of_request(request)
             for choice in choices:
                 task = request.task_of_choice(choice.index)
                 flagged = choice.index in request.flagged
-                self.tasks.of(task).add(choice, request.max_tokens, request.is_evidence, flagged)
+                self.tasks.of(task).add(
+                    choice, request.max_tokens, request.is_evidence, flagged, choice.index in watched
+                )
             if not request.is_evidence:
                 return
             # The gate's slow start learns from what the request's answers said; a flagged
