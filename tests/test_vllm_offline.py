@@ -167,6 +167,7 @@ def test_watched_partial_outputs_leave_every_answer_as_unprobed(models, task, un
     (results,) = written_by_lm_eval(tmp_path / "probed", "results_*.json")
     (evidence,) = json.loads(results.read_text())[EVIDENCE_KEY]["tasks"].values()
     assert evidence["flagged"] == DOCS and evidence["flagged_endings"] == {"length": DOCS}
+    assert evidence["watched"] == DOCS
 
 
 def test_parameters_that_forbid_partial_outputs_leave_the_cap_rule_as_before(models, tmp_path) -> None:
