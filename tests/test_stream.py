@@ -16,6 +16,7 @@ from probe.runtime.stream import (
     EventLines,
     Reassembly,
     Unassemblable,
+    UncertainAnswer,
     passing_failure,
     streamable,
     streamed,
@@ -122,11 +123,16 @@ def _said_by_vllm(response: dict[str, Any]) -> bool:
 def test_any_response_streamed_as_the_server_would_reassembles_into_itself(data: st.DataObject) -> None:
     response = data.draw(responses())
     chunks = server_chunks(data.draw, response)
-    empty = any("message" in choice and not choice["message"]["content"] for choice in response["choices"])
-    if empty and not _said_by_vllm(response):
-        # An empty answer from a server that does not say it is vLLM (or SGLang): unstreamed it
-        # may be null or "", and the stream cannot tell which.
-        with pytest.raises(Unassemblable, match="an empty answer"):
+    vllm = _said_by_vllm(response)
+    thought = [
+        any(c.get("message", {}).get(n) for n in ("reasoning_content", "reasoning")) for c in response["choices"]
+    ]
+    empty = ["message" in c and not c["message"]["content"] for c in response["choices"]]
+    if any(e and not (vllm and t) for e, t in zip(empty, thought, strict=True)):
+        # An empty answer, unless vLLM says it came after reasoning (null): from vLLM with a
+        # reasoning parser, or from a server that does not say it is vLLM (or SGLang), it may be
+        # null or "" unstreamed, and the stream cannot tell which.
+        with pytest.raises(UncertainAnswer if vllm else Unassemblable, match="an empty answer"):
             reassemble(sse(chunks), len(response["choices"]))
         return
     rebuilt, seen = reassemble(sse(chunks), len(response["choices"]))
@@ -171,24 +177,34 @@ def test_what_cannot_be_reassembled_with_certainty_is_refused(change: Any, reaso
         reassemble(sse(change(_healthy())), 1)
 
 
-@pytest.mark.parametrize(("ending", "content"), [({}, Unassemblable), ({"stop_reason": None}, None)])
-def test_an_empty_answer_after_reasoning_is_none_from_vllm_and_refused_from_a_server_that_may_say_either(
-    ending: dict[str, Any], content: Any
+@pytest.mark.parametrize(
+    ("thinking", "ending", "content"),
+    [
+        ("hmm", {"stop_reason": None}, None),  # vLLM after reasoning: null
+        ("hmm", {}, Unassemblable),  # a server that does not say it is vLLM: null or ""
+        ("", {"stop_reason": None}, UncertainAnswer),  # vLLM with a reasoning parser: null or "" by parser
+        ("", {}, Unassemblable),
+    ],
+)
+def test_an_empty_answer_is_rebuilt_only_where_the_server_says_what_it_would_be(
+    thinking: str, ending: dict[str, Any], content: Any
 ) -> None:
-    # A reasoning model that spent its budget thinking. vLLM answers content null unstreamed;
-    # a server that does not say which it is may answer "" (and lm-eval would then log "", not
-    # its placeholder for null), so the request falls back.
+    # A reasoning model that spent its budget thinking, or stopped at once (vLLM with the
+    # deepseek_r1 parser: a reasoning delta "", and content null unstreamed). Where the stream
+    # cannot tell null from "" (which lm-eval logs and caches differently), the request falls
+    # back; the answer's own uncertainty (UncertainAnswer) leaves the next request streamed.
     head = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
     chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-              {**head, "choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}, "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {"reasoning": thinking}, "finish_reason": None}]},
               {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length", **ending}]},
               {**head, "choices": [], "usage": {"completion_tokens": 1}}]  # fmt: skip
-    if content is Unassemblable:
-        with pytest.raises(Unassemblable, match="an empty answer"):
+    if content is not None:
+        with pytest.raises(content, match="an empty answer") as refused:
             reassemble(sse(chunks), 1)
+        assert isinstance(refused.value, UncertainAnswer) == (content is UncertainAnswer)
         return
     rebuilt, _ = reassemble(sse(chunks), 1)
-    assert rebuilt["choices"][0]["message"] == {"role": "assistant", "content": None, "reasoning_content": "hmm"}
+    assert rebuilt["choices"][0]["message"] == {"role": "assistant", "content": None, "reasoning": thinking}
 
 
 def test_a_tool_call_in_a_chat_delta_is_refused() -> None:

@@ -36,6 +36,11 @@ class Unassemblable(ValueError):
     """The stream cannot be turned into the unstreamed response with certainty."""
 
 
+class UncertainAnswer(Unassemblable):
+    """This answer cannot be rebuilt with certainty, though the server streams as it should:
+    the next request may stream."""
+
+
 class EventLines:
     """Server-sent events from the lines of a response body: the ``data`` of each event.
 
@@ -125,12 +130,14 @@ class _Choice:
         reasoning = any(self.joined(name) for name in REASONING_FIELDS)
         # Both streams open every message with content "". Unstreamed, SGLang (whose choices
         # carry matched_stop) answers None for any empty field; vLLM (whose last chunk of a
-        # choice carries stop_reason) answers None for an empty answer after reasoning, and ""
-        # otherwise. Another server may answer an empty answer either way: not ours to guess.
+        # choice carries stop_reason) answers None for an empty answer after reasoning, and for
+        # one without reasoning "" (no reasoning parser) or, with some parsers, None. Another
+        # server may answer an empty answer either way: not ours to guess.
         sglang, vllm = "matched_stop" in self.fields, "stop_reason" in self.fields
-        if not content and not (sglang or vllm):
-            raise Unassemblable(f'choice {self.index}: an empty answer, which this server may send as null or as ""')
-        message["content"] = None if not content and (reasoning or sglang) else content
+        if not content and not sglang and not (vllm and reasoning):
+            said = f'choice {self.index}: an empty answer, which this server may send as null or as ""'
+            raise UncertainAnswer(said) if vllm else Unassemblable(said)
+        message["content"] = content or None
         for name in REASONING_FIELDS:
             if name in self.texts:
                 message[name] = (self.joined(name) or None) if sglang else self.joined(name)

@@ -33,6 +33,7 @@ from probe.runtime.stream import (
     EventLines,
     Reassembly,
     Unassemblable,
+    UncertainAnswer,
     passing_failure,
     streamable,
     streamed,
@@ -98,6 +99,7 @@ class _StreamedPost:
         self._ordinary: Any = None
         self._status: int | None = None  # the streamed attempt's HTTP status
         self._broke = False  # the streamed attempt's reply broke off or stalled
+        self._uncertain = False  # its answer, not its stream, could not be rebuilt with certainty
 
     async def __aenter__(self) -> Any:
         owner = self._owner
@@ -122,8 +124,9 @@ class _StreamedPost:
         response = await self._ordinary.__aenter__()
         if not self._broke:
             # A server that cannot stream answered the ordinary request; one that was briefly
-            # overloaded or failing (408, 429, 5xx) may stream the next one.
-            stop = response.ok and not passing_failure(self._status)
+            # overloaded or failing (408, 429, 5xx), or whose answer was the uncertain one, may
+            # stream the next one.
+            stop = response.ok and not passing_failure(self._status) and not self._uncertain
             self._settle(outcome.split(":")[0], failed, ", each request tries again", stop)
         return response
 
@@ -162,6 +165,7 @@ class _StreamedPost:
                 complete = True
                 return body
             except Unassemblable as error:
+                self._uncertain = isinstance(error, UncertainAnswer)
                 return str(error)
             finally:
                 # Closing, not releasing, drops the connection: the server aborts the generation.
