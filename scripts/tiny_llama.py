@@ -1,4 +1,4 @@
-"""Build a tiny Llama locally (no download) that vLLM can serve, in seven variants.
+"""Build a tiny Llama locally (no download) that vLLM can serve, in eight variants.
 
 - ``never_stop``: its output is one token, repeated forever; it never emits EOS or a
   stop sequence, so every request runs to ``max_tokens`` (``finish_reason: length``). Its
@@ -16,6 +16,10 @@
   " 7": a healthy model that is right when the answer is 7.
 - ``echo``: it repeats the last character of its prompt forever, except after ``~``, where
   it emits EOS at once: whether a generation ever stops depends on the prompt.
+- ``think``: ``echo`` with ``<think>`` and ``</think>`` in its vocabulary (which vLLM's
+  ``deepseek_r1`` reasoning parser needs) and a chat template that ends with the user's text:
+  served with that parser, a chat answer that never emits ``</think>`` is all reasoning
+  (content null), and one after ``~`` is empty.
 - ``varied``: random weights, every one times 3, so its greedy text depends on the prompt
   and, in bfloat16, on the numerics of its batch (which prompts share it, the padding).
 - ``countdown``: a healthy model whose answer lengths vary with the prompt, as a real
@@ -50,7 +54,7 @@ from pathlib import Path
 
 FIRST_TOKEN = {
     "never_stop": "a", "never_stop_wide": "abcd", "stops": " 7\n\n", "echo": "~", "babble": "a", "varied": "a",
-    "countdown": "a",
+    "countdown": "a", "think": "~",
 }  # fmt: skip
 BABBLE = set(string.ascii_lowercase + " ")  # what babble draws from: no stop sequence can form
 BANNED_LOGIT = 34.0  # the babble head's logit for every other token, below the allowed ones
@@ -62,6 +66,8 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
+THINK_SPECIALS = ["<think>", "</think>"]
+THINK_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"  # ends in the user's text
 
 
 def build(directory: Path, variant: str) -> Path:
@@ -71,14 +77,15 @@ def build(directory: Path, variant: str) -> Path:
 
     first = FIRST_TOKEN[variant]
     chars = [c for c in string.printable if c != first] + (CHAIN if variant == "countdown" else [])
-    vocab = {token: i for i, token in enumerate([first, *chars, *SPECIALS])}
+    think = variant == "think"
+    vocab = {token: i for i, token in enumerate([first, *chars, *SPECIALS, *(THINK_SPECIALS if think else [])])}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = THINK_TEMPLATE if think else CHAT_TEMPLATE
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -98,7 +105,7 @@ def build(directory: Path, variant: str) -> Path:
     )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
-        if variant == "echo":
+        if variant in ("echo", "think"):
             embeddings = torch.linalg.qr(torch.randn(config.hidden_size, len(vocab)))[0].T
             model.model.embed_tokens.weight.copy_(embeddings)
             for layer in model.model.layers:

@@ -40,34 +40,38 @@ def free_port() -> int:
 
 def start(
     model: Path, name: str, python: str, port: int = 0, log: Path | None = None, timeout: float = 300,
-    max_model_len: int = 2048, tries: int = 3,
+    max_model_len: int = 2048, tries: int = 3, extra: tuple[str, ...] = (),
 ) -> Server:  # fmt: skip
     """Start vLLM on ``model`` (served as ``name``) and return once it answers as that model;
-    ``max_model_len`` must hold a prompt and its ``max_tokens``. With no ``port``, a free one:
+    ``max_model_len`` must hold a prompt and its ``max_tokens``; ``extra``: more of vLLM's
+    arguments (``--reasoning-parser NAME``). With no ``port``, a free one:
     another process may take it during vLLM's start-up (tens of seconds), so a start that
     finds it in use is tried again on another (``tries`` in all)."""
     chosen = port or free_port()
     try:
         return _start(model, name, python, chosen, log or Path(f"/tmp/vllm-{name}-{chosen}.log"), timeout,
-                      max_model_len)  # fmt: skip
+                      max_model_len, extra)  # fmt: skip
     except PortTaken:
         if port or tries <= 1:
             raise
-        return start(model, name, python, 0, log, timeout, max_model_len, tries - 1)
+        return start(model, name, python, 0, log, timeout, max_model_len, tries - 1, extra)
 
 
 class PortTaken(RuntimeError):
     """vLLM could not bind its port: another process holds it."""
 
 
-def _start(model: Path, name: str, python: str, port: int, log: Path, timeout: float, max_model_len: int) -> Server:
+def _start(
+    model: Path, name: str, python: str, port: int, log: Path, timeout: float, max_model_len: int,
+    extra: tuple[str, ...],
+) -> Server:  # fmt: skip
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.pop("PYTHONPATH", None)  # the server must not run the probe
     command = [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", name,
         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "float32",
         # No torch.compile at start-up: 12-30 s less per server here, the same answers in every arm.
-        "--enforce-eager",
+        "--enforce-eager", *extra,
     ]  # fmt: skip
     with log.open("w") as handle:
         proc = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,6 +1,6 @@
 """Streamed evidence against real vLLM (CPU build): its streams reassemble into what it
 answers unstreamed, and probed-streamed lm-eval gets the unprobed answers (completions with
-several prompts per request, and chat). The tiny Llama's ``echo`` variant repeats the last
+several prompts per request, chat, and chat through a reasoning parser). The tiny Llama's ``echo`` variant repeats the last
 character of its prompt to the cap: long, prompt-dependent answers; the probed runs take every
 request as evidence (MIN_MAX_TOKENS 0, so each is streamed) under a rule that cannot fire
 (MIN_SAMPLES far above the requests), so nothing trips and every answer is compared; and vLLM
@@ -25,7 +25,7 @@ from support.vllm import SCRIPTS, tiny_llama, vllm_python
 from probe.demo.servercounters import vllm_metrics
 from probe.runtime import state
 from probe.runtime.contract import Settings
-from probe.runtime.stream import EventLines, Reassembly, streamable, streamed
+from probe.runtime.stream import EventLines, Reassembly, Unassemblable, UncertainAnswer, streamable, streamed
 from probe.runtime.streamed_post import StreamingSession
 
 sys.path.insert(0, str(SCRIPTS))
@@ -63,7 +63,22 @@ def echo(tmp_path_factory) -> Iterator[vllm_server.Server]:
         vllm_server.stop(server.pid)
 
 
-async def _both(url: str, payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory) -> Iterator[vllm_server.Server]:
+    """vLLM with a reasoning parser (deepseek_r1) on the tiny Llama's ``think`` variant."""
+    root = tmp_path_factory.mktemp("vllm-think")
+    python = vllm_python()
+    model = tiny_llama(python, root / "think", "think")
+    server = vllm_server.start(model, "sim", python, log=root / "vllm.log", extra=("--reasoning-parser", "deepseek_r1"))
+    try:
+        yield server
+    finally:
+        vllm_server.stop(server.pid)
+
+
+async def _both(url: str, payload: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """vLLM's unstreamed answer to ``payload``, and its streamed one reassembled (or what
+    the reassembly raised)."""
     async with aiohttp.ClientSession() as session:
         async with session.post(url, json=payload) as response:
             plain = await response.json()
@@ -73,7 +88,10 @@ async def _both(url: str, payload: dict[str, Any]) -> tuple[dict[str, Any], dict
             async for line in response.content:
                 for data in lines.feed(line):
                     whole.add_event(data)
-            return plain, whole.response()
+            try:
+                return plain, whole.response()
+            except Unassemblable as refused:
+                return plain, refused
 
 
 def _read(response: dict[str, Any]) -> list[tuple]:
@@ -97,6 +115,37 @@ def test_vllm_streams_reassemble_into_its_unstreamed_answers(echo) -> None:
         plain, rebuilt = asyncio.run(_both(url, payload))
         assert _read(rebuilt) == _read(plain)
         assert [c["index"] for c in rebuilt["choices"]] == list(range(len(plain["choices"])))
+
+
+def test_vllms_reasoning_streams_reassemble_and_an_empty_answer_falls_back(thinker) -> None:
+    # With a reasoning parser: an answer that never closes its thinking is all reasoning, with
+    # content null; the stream gives that back. An empty one is null here too (the parser's
+    # content for no </think>), but "" without a parser: the stream cannot say which.
+    url, base = f"{thinker.base_url}/v1/chat/completions", {"model": "sim", "max_tokens": 64, "temperature": 0}
+    plain, rebuilt = asyncio.run(_both(url, {**base, "messages": [{"role": "user", "content": "think r"}]}))
+    assert _read(rebuilt) == _read(plain)
+    message = plain["choices"][0]["message"]
+    assert message["content"] is None and message["reasoning"] == "r" * 64
+    plain, refused = asyncio.run(_both(url, {**base, "messages": [{"role": "user", "content": "nothing~"}]}))
+    assert plain["choices"][0]["message"]["content"] is None and isinstance(refused, UncertainAnswer)
+
+
+def test_probed_streamed_lm_eval_gets_the_unprobed_reasoning_answers_from_vllm(
+    thinker, result_dir, monkeypatch
+) -> None:
+    # lm-eval logs null content as its placeholder (0.4.12+), set to a text here so that null
+    # and "" differ; the empty answers fall back one by one, the others stream.
+    from lm_eval.models import api_models
+
+    monkeypatch.setattr(api_models, "LMEVAL_MODEL_NONE_ANSWER_PLACEHOLDER", "NONE", raising=False)
+    messages = [JsonChatStr(json.dumps([{"role": "user", "content": f"q {end}"}])) for end in "ab~c~d"]
+    requests = [Instance("generate_until", {}, (m, GEN_KWARGS), i) for i, m in enumerate(messages)]
+    plain = chat(thinker.base_url, 3).generate_until(requests)
+    monkeypatch.setenv("HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS", "0")
+    monkeypatch.setenv("HYPERLOOM_EVAL_PROBE_MIN_SAMPLES", "100000")
+    with probe_installed():
+        probed = chat(thinker.base_url, 3).generate_until(requests)
+    assert probed == plain and plain.count("NONE") == 6  # every answer's content is null here
 
 
 @pytest.mark.parametrize("chat_format", [False, True], ids=["completions-batch-2", "chat"])
