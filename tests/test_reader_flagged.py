@@ -139,6 +139,19 @@ def test_how_many_generations_the_detector_read_is_said_when_it_flagged_none(
     assert verdict["evidence"]["watched"] == watched
 
 
+@pytest.mark.parametrize("watched", ["many", None, [1], True, 10**6], ids=["text", "null", "list", "bool", "huge"])
+def test_a_watched_count_that_cannot_be_true_is_unavailable_in_a_group_too(tmp_path: Path, watched: object) -> None:
+    # Hand-edited evidence: one task of a group has an odd "watched" and no flagged counts. The
+    # reader added it up for the group (a crash, exit 70) or said "read 1000004 of the 16".
+    healthy, odd = figures(flagged=0, flagged_endings={}, watched=4), figures(watched=watched)
+    write_run(tmp_path, {"a": 0.9, "b": 0.9, "grp": 0.9}, {"a": healthy, "b": odd},
+              group_subtasks={"grp": ["a", "b"], "a": [], "b": []})  # fmt: skip
+    for task in ("grp", "b"):
+        run = read(tmp_path, "--task", task)
+        assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stdout + run.stderr
+        assert "the probe's evidence for task 'b'" in run.stdout and "watched" in run.stdout
+
+
 def test_flagged_stops_at_a_hidden_cap_are_not_read_as_stopped_by_themselves(tmp_path: Path) -> None:
     # A server that reports the cap as "stop": 10 flagged generations ran to it (stop_at_cap,
     # cause output cap). The line said "10 stopped by themselves (flags the model proved wrong)".

@@ -1,7 +1,8 @@
 """Streamed evidence against real vLLM (CPU build): its streams reassemble into what it
 answers unstreamed, and probed-streamed lm-eval gets the unprobed answers (completions with
-several prompts per request, chat, and chat through a reasoning parser). The tiny Llama's ``echo`` variant repeats the last
-character of its prompt to the cap: long, prompt-dependent answers; the probed runs take every
+several prompts per request, chat, and chat through a reasoning parser). The tiny Llama's
+``echo`` variant repeats the last character of its prompt to the cap: long, prompt-dependent
+answers; the probed runs take every
 request as evidence (MIN_MAX_TOKENS 0, so each is streamed) under a rule that cannot fire
 (MIN_SAMPLES far above the requests), so nothing trips and every answer is compared; and vLLM
 aborts a stream the probe closes."""

@@ -76,7 +76,7 @@ def _figures_problem(figures: Any) -> str | None:
     caps = figures.get("max_tokens")
     if not isinstance(caps, list) or any(type(m) is not int for m in caps):
         return "has no list of max_tokens"
-    problem = _flagged_problem(figures)
+    problem = _flagged_problem(figures) or _watched_problem(figures)
     if problem:
         return problem
     if figures["cut_off"] > figures["observations"] or figures["empty_answers"] > figures["observations"]:
@@ -105,13 +105,22 @@ def _flagged_problem(figures: dict[str, Any]) -> str | None:
     reasons = figures["finish_reasons"]
     if any(count > reasons.get(label, 0) for label, count in endings.items()):
         return "records flagged endings its finish reasons do not hold: the evidence contradicts itself"
-    if "watched" in figures:  # absent from evidence written before it was counted
-        watched = figures["watched"]
-        if type(watched) is not int or watched < 0:
-            return "has no count 'watched'"
-        if not sum(endings.values()) <= watched <= figures["observations"]:
-            return ("counts more generations the loop detector read than were observed, or fewer than it "
-                    "flagged and then saw end: the evidence contradicts itself")  # fmt: skip
+    return None
+
+
+def _watched_problem(figures: dict[str, Any]) -> str | None:
+    """How many observed generations the loop detector read (absent from evidence written
+    before it was counted): a count within the observations, and no fewer than the flagged
+    generations it then saw end."""
+    if "watched" not in figures:
+        return None
+    watched = figures["watched"]
+    if type(watched) is not int or watched < 0:
+        return "has no count 'watched'"
+    ended_flagged = sum((figures.get("flagged_endings") or {}).values())
+    if not ended_flagged <= watched <= figures["observations"]:
+        return ("counts more generations the loop detector read than were observed, or fewer than it "
+                "flagged and then saw end: the evidence contradicts itself")  # fmt: skip
     return None
 
 
