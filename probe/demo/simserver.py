@@ -46,7 +46,8 @@ server answers), ``held_open`` (a stream that ends its choices, sends neither th
 ``[DONE]``, and stays open, a keep-alive comment every 0.5 s, until the client leaves),
 ``stall_mid`` (the same after the first text), ``drop_mid`` and ``drop_after_last`` (the
 connection dropped after the first text, or once every choice has ended: the body cut short,
-as a proxy that gives up on a stream cuts it) and ``unlabelled`` (a server that is not vLLM:
+as a proxy that gives up on a stream cuts it), ``drop_once`` (``drop_mid`` for the first
+streamed request only, as a server restarting cuts the streams in flight) and ``unlabelled`` (a server that is not vLLM:
 no ``stop_reason``, and an empty chat answer is ``""`` even after reasoning).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
@@ -85,7 +86,8 @@ MODES = (
 )  # fmt: skip
 STREAM_QUIRKS = (
     None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut",
-    "one_event", "busy_once", "held_open", "stall_mid", "drop_mid", "drop_after_last", "unlabelled",
+    "one_event", "busy_once", "held_open", "stall_mid", "drop_mid", "drop_after_last", "drop_once",
+    "unlabelled",
 )  # fmt: skip
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
@@ -203,6 +205,7 @@ class SimServer:
         self.reasoning_field = reasoning_field
         self.stream_quirk = stream_quirk
         self._busy_answered = False  # busy_once's 500 was sent
+        self._dropped_once = False  # drop_once's stream was cut
         self.cap_loop = cap_loop
         self.turn_after = turn_after
         self.stats = Stats()
@@ -378,7 +381,7 @@ class SimServer:
                         if self.stream_quirk == "error_event":
                             await send({"error": {"message": "simulated failure", "code": 500}})
                             return response
-                        if self.stream_quirk == "drop_mid":
+                        if self.stream_quirk == "drop_mid" or (self.stream_quirk == "drop_once" and self._drop_once()):
                             return _dropped(request, response)
                         if self.stream_quirk == "stall_mid":
                             await _keep_alive(response)
@@ -412,6 +415,12 @@ class SimServer:
             self.stats.last_completed_at = time.time()
             self.stats.stopped += all(choice.get("finish_reason") == "stop" for choice in body["choices"])
         return response
+
+    def _drop_once(self) -> bool:
+        """Whether this is drop_once's one stream to cut (the first to ask)."""
+        with self._lock:
+            first, self._dropped_once = not self._dropped_once, True
+        return first
 
     def _ending(self, choice: dict[str, Any], chat: bool) -> dict[str, Any]:
         ending: dict[str, Any] = {"index": choice["index"], "finish_reason": choice.get("finish_reason")}

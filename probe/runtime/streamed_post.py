@@ -15,9 +15,11 @@ tries.
 A stream that breaks off or stalls (the connection lost, lm-eval's timeout) falls back in the
 same way, since a stream can fail where the ordinary request would not (a proxy, a server's
 streaming path): the ordinary request then decides what lm-eval gets, a server that is down
-failing it as it would unstreamed (lm-eval retries); under ``auto`` that server is not streamed
-again. A connection that cannot be made, or an unstreamed JSON reply that breaks off,
-propagates as it would unstreamed.
+failing it as it would unstreamed (lm-eval retries). Under ``auto`` a server whose stream
+stalled is not streamed again (each stall costs a timeout); nor is one whose streams break off
+again, a stream begun after the last break breaking too (a proxy that cuts every stream), while
+the streams a restart cuts at once leave it streamed. A connection that cannot be made, or an
+unstreamed JSON reply that breaks off, propagates as it would unstreamed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 from probe.runtime.contract import ENV_STREAM
@@ -42,6 +45,8 @@ from probe.runtime.stream import (
 
 # Servers (by URL) that could not be streamed under ``auto``: each is asked once.
 _NOT_STREAMED: set[str] = set()
+# Servers (by URL) whose streams broke off since the last that came whole: when the first did.
+_BROKEN_SINCE: dict[str, float] = {}
 
 
 class Reassembled:
@@ -99,6 +104,7 @@ class _StreamedPost:
         self._ordinary: Any = None
         self._status: int | None = None  # the streamed attempt's HTTP status
         self._broke = False  # the streamed attempt's reply broke off or stalled
+        self._again = False  # ... stalled, or broke off again: this server's streams fail
         self._uncertain = False  # its answer, not its stream, could not be rebuilt with certainty
 
     async def __aenter__(self) -> Any:
@@ -117,9 +123,9 @@ class _StreamedPost:
             raise asyncio.CancelledError
         failed = f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed"
         if self._broke:
-            # Said, and streaming stopped, before the ordinary request: a server that fails that
-            # too (down, restarting) is then not asked twice on each of lm-eval's retries.
-            self._settle(outcome.split(":")[0], failed, ", each request tries again", stop=True)
+            # Said (and streaming stopped) before the ordinary request: a server that fails that
+            # too (down, restarting) then asks no further question.
+            self._settle(outcome.split(":")[0], failed, ", each request tries again", stop=self._again)
         self._ordinary = owner._session.post(self._url, json=self._payload, **self._kwargs)
         response = await self._ordinary.__aenter__()
         if not self._broke:
@@ -157,11 +163,15 @@ class _StreamedPost:
                     answer = await _json_answer(response, self._n_choices)
                     complete = answer is not None
                     return answer or "a reply that is not a stream"
+                began = time.monotonic()
                 try:
                     body = await self._read(response)
                 except (asyncio.TimeoutError, *_transport_errors()) as error:
                     self._broke = True
+                    first = _BROKEN_SINCE.setdefault(str(self._url), time.monotonic())
+                    self._again = isinstance(error, asyncio.TimeoutError) or began > first
                     return f"a stream that broke off or stalled: {type(error).__name__}: {str(error)[:200]}"
+                _BROKEN_SINCE.pop(str(self._url), None)
                 complete = True
                 return body
             except Unassemblable as error:
