@@ -49,23 +49,6 @@ def test_the_generations_the_detector_read_are_counted_whether_or_not_it_flagged
     assert (task["observations"], task["flagged"], task["watched"]) == (4, 1, 2)
 
 
-def test_an_ending_observed_from_its_stream_is_not_counted_again_by_a_retry(result_dir: Path) -> None:
-    # An uncertain empty answer's ending is observed from its stream (streamed_post), then its
-    # ordinary request fails and lm-eval retries the call: the retry's ending is not counted.
-    probe, (request, *_) = probe_with_requests(20)
-    request.source = source = ["the prompts lm-eval passed"]
-    probe.observe(request, response("length", MAX_TOKENS))
-    request.observed_early = True
-    probe.failed(request)
-    retry = probe.request(completions("http://127.0.0.1:9"), GEN_KWARGS, request.prompts, MAX_TOKENS)
-    retry.source = source
-    probe.resume(retry)
-    probe.observe(retry, response("length", MAX_TOKENS))
-    tally = request.group.tally
-    assert (tally.observed, tally.pathological) == (1, 1)
-    assert probe.evidence_document()["tasks"]["t"]["observations"] == 1
-
-
 def test_a_flagged_generation_that_then_stops_is_still_pathological_for_the_gate(result_dir: Path) -> None:
     # The detector's false flag (or a loop the model left): the flag stands for the rule, the
     # slow start sees the pathological outcome, and the precision line records the stop.

@@ -19,9 +19,7 @@ behaves like a chosen kind of model:
   server that hides the cap; ``usage.completion_tokens`` still tells);
 - ``reasoning``: every generation spends the budget reasoning (``length``; chat content
   null, ``reasoning_content`` set; completions text empty);
-- ``empty``: the model stops at once with nothing to say (``stop``, empty content);
-- ``silent``: it never stops and shows nothing (``length`` at the cap, empty content: tokens
-  the server does not print, as special tokens are skipped);
+- ``empty``: the model stops at once with nothing to say (``stop``, empty or null content);
 - ``malformed``: well-formed HTTP, nonsense JSON bodies;
 - never-stopping models that loop, each running every generation to ``max_tokens``:
   ``loop_short`` (an exact cycle of 4 words), ``loop_paragraph`` (an exact cycle of a
@@ -84,8 +82,7 @@ from aiohttp import web
 
 LOOPS = ("loop_short", "loop_paragraph", "loop_near", "random")
 MODES = (
-    "never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "silent",
-    "malformed", *LOOPS,
+    "never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed", *LOOPS,
 )  # fmt: skip
 STREAM_QUIRKS = (
     None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut",
@@ -481,8 +478,6 @@ class SimServer:
         if self.mode == "window":
             tokens = max(1, max_tokens // 2)
             return self._rambling(prompt, tokens), tokens, "length"
-        if self.mode == "silent":
-            return "", max_tokens, "length"
         if self.mode == "empty":
             return "", 1, "stop"
         if self.mode == "hidden_cap":

@@ -61,9 +61,6 @@ class Request:
     # from the evaluation's task book when first needed (see TaskBook.take).
     tasks: list[str | None] | None = None
     observed: bool = False
-    # Observed from its stream before the answer lm-eval gets came (an uncertain empty answer,
-    # whose ending was certain): a retry of it must not count it again.
-    observed_early: bool = False
     cancelled_by_probe: bool = False
     pending: int = 0  # its generations counted in its group's pending ones
     # What its response said, once observed (None: never observed); the gate learns from it.

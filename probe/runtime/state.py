@@ -105,11 +105,8 @@ class Probe:
 
     def failed(self, request: Request) -> None:
         """``request`` ended in an error that lm-eval may retry (a new call with the same prompts):
-        the choices it flagged, or its ending observed early, stay counted once, and its retry
-        takes them over (``resume``)."""
-        if request.source is None or request.observed != request.observed_early:
-            return
-        if not request.flagged and not request.observed_early:
+        the choices it flagged stay counted once, and its retry takes them over (``resume``)."""
+        if request.source is None or not request.flagged or request.observed:
             return
         with self.lock:
             request.group.retrying[id(request.source)] = request
@@ -123,9 +120,6 @@ class Probe:
                 return
             request.flagged |= earlier.flagged
             request.tasks = request.tasks or earlier.tasks
-            if earlier.observed_early:  # its ending was counted: the retry's is not again
-                request.observed = request.observed_early = True
-                request.labels = earlier.labels
 
     def _tasks_of_request(self, request: Request) -> list[str | None]:
         """The request's tasks, taken from the book once (under the lock)."""

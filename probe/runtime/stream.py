@@ -124,7 +124,7 @@ class _Choice:
         pieces = self.texts.get(name)
         return None if pieces is None else "".join(pieces)
 
-    def message(self, evidence: bool = False) -> dict[str, Any]:
+    def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role or "assistant"}
         content = self.joined("content")
         reasoning = any(self.joined(name) for name in REASONING_FIELDS)
@@ -134,7 +134,7 @@ class _Choice:
         # one without reasoning "" (no reasoning parser) or, with some parsers, None. Another
         # server may answer an empty answer either way: not ours to guess.
         sglang, vllm = "matched_stop" in self.fields, "stop_reason" in self.fields
-        if not content and not sglang and not (vllm and reasoning) and not (vllm and evidence):
+        if not content and not sglang and not (vllm and reasoning):
             said = f'choice {self.index}: an empty answer, which this server may send as null or as ""'
             raise UncertainAnswer(said) if vllm else Unassemblable(said)
         message["content"] = content or None
@@ -143,12 +143,12 @@ class _Choice:
                 message[name] = (self.joined(name) or None) if sglang else self.joined(name)
         return message
 
-    def body(self, evidence: bool = False) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
         if "finish_reason" not in self.fields or self.fields["finish_reason"] is None:
             raise Unassemblable(f"choice {self.index} never ended")
         body: dict[str, Any] = {"index": self.index}
         if self.chat:
-            body["message"] = self.message(evidence)
+            body["message"] = self.message()
         else:
             body["text"] = self.joined("text") or ""
         body.update(self.fields)
@@ -251,10 +251,8 @@ class Reassembly:
             choice.fields.get("finish_reason") is not None for choice in self._choices.values()
         )
 
-    def response(self, evidence: bool = False) -> dict[str, Any]:
-        """The unstreamed response; raises :class:`Unassemblable` when the stream was incomplete.
-        With ``evidence``, what the probe needs of it: an :class:`UncertainAnswer`'s content is
-        then null (empty either way, the ending certain), never for lm-eval."""
+    def response(self) -> dict[str, Any]:
+        """The unstreamed response; raises :class:`Unassemblable` when the stream was incomplete."""
         if not self.done:
             raise Unassemblable("the stream ended before [DONE]")
         if self._usage is None:
@@ -263,7 +261,7 @@ class Reassembly:
             raise Unassemblable(f"{len(self._choices)} choices for {self.n_choices} prompts")
         response = dict(self._top)
         response["object"] = _OBJECTS[response["object"]]
-        response["choices"] = [self._choices[i].body(evidence) for i in range(self.n_choices)]
+        response["choices"] = [self._choices[i].body() for i in range(self.n_choices)]
         response["usage"] = self._usage
         return response
 

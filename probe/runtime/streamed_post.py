@@ -106,7 +106,6 @@ class _StreamedPost:
         self._broke = False  # the streamed attempt's reply broke off or stalled
         self._again = False  # ... stalled, or broke off again: this server's streams fail
         self._uncertain = False  # its answer, not its stream, could not be rebuilt with certainty
-        self._evidence: dict[str, Any] | None = None  # then, what the probe needs of it
 
     async def __aenter__(self) -> Any:
         owner = self._owner
@@ -122,13 +121,6 @@ class _StreamedPost:
         if request.group.tripped:  # tripped while this one streamed: nothing more is sent for it
             request.cancelled_by_probe = True
             raise asyncio.CancelledError
-        if self._evidence is not None:
-            # Uncertain is only the answer's null or "": its ending is certain, so the rule does
-            # not wait for the ordinary request to generate it again (an invisible model at the
-            # cap would cost every generation twice), and lm-eval's answer is not observed again.
-            # Should this trip the group, this request still gets its answer, as at any trip.
-            owner._probe.observe(request, self._evidence)
-            request.observed_early = request.observed
         failed = f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed"
         if self._broke:
             # Said (and streaming stopped) before the ordinary request: a server that fails that
@@ -213,11 +205,7 @@ class _StreamedPost:
             raise Unassemblable("a stream held open after its choices ended, without [DONE]") from None
         for data in lines.flush():
             whole.add_event(data)
-        try:
-            return Reassembled(whole.response())
-        except UncertainAnswer:
-            self._evidence = whole.response(evidence=True)
-            raise
+        return Reassembled(whole.response())
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
