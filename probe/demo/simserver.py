@@ -204,8 +204,7 @@ class SimServer:
         self.seed = seed
         self.reasoning_field = reasoning_field
         self.stream_quirk = stream_quirk
-        self._busy_answered = False  # busy_once's 500 was sent
-        self._dropped_once = False  # drop_once's stream was cut
+        self._done_once: set[str] = set()  # the ..._once quirks that have happened
         self.cap_loop = cap_loop
         self.turn_after = turn_after
         self.stats = Stats()
@@ -291,11 +290,8 @@ class SimServer:
         stream = bool(payload.get("stream"))
         if stream and self.stream_quirk == "refuse" and "stream_options" in payload:
             return web.json_response({"error": {"message": "stream_options is not supported"}}, status=400)
-        if stream and self.stream_quirk == "busy_once":
-            with self._lock:
-                busy, self._busy_answered = not self._busy_answered, True
-            if busy:
-                return web.json_response({"error": {"message": "the server is busy"}}, status=500)
+        if stream and self._once("busy_once"):
+            return web.json_response({"error": {"message": "the server is busy"}}, status=500)
         max_tokens = int(payload.get("max_tokens", payload.get("max_completion_tokens")))
         prompts = _prompt_text(payload)
         with self._lock:
@@ -381,7 +377,7 @@ class SimServer:
                         if self.stream_quirk == "error_event":
                             await send({"error": {"message": "simulated failure", "code": 500}})
                             return response
-                        if self.stream_quirk == "drop_mid" or (self.stream_quirk == "drop_once" and self._drop_once()):
+                        if self.stream_quirk == "drop_mid" or self._once("drop_once"):
                             return _dropped(request, response)
                         if self.stream_quirk == "stall_mid":
                             await _keep_alive(response)
@@ -416,10 +412,14 @@ class SimServer:
             self.stats.stopped += all(choice.get("finish_reason") == "stop" for choice in body["choices"])
         return response
 
-    def _drop_once(self) -> bool:
-        """Whether this is drop_once's one stream to cut (the first to ask)."""
+    def _once(self, quirk: str) -> bool:
+        """Whether this request is the one the ``..._once`` ``quirk`` happens to: this server has
+        that quirk, and the request is the first to ask."""
+        if self.stream_quirk != quirk:
+            return False
         with self._lock:
-            first, self._dropped_once = not self._dropped_once, True
+            first = quirk not in self._done_once
+            self._done_once.add(quirk)
         return first
 
     def _ending(self, choice: dict[str, Any], chat: bool) -> dict[str, Any]:

@@ -103,9 +103,10 @@ class _StreamedPost:
         self._n_choices = n_choices
         self._ordinary: Any = None
         self._status: int | None = None  # the streamed attempt's HTTP status
-        self._broke = False  # the streamed attempt's reply broke off or stalled
-        self._again = False  # ... stalled, or broke off again: this server's streams fail
-        self._uncertain = False  # its answer, not its stream, could not be rebuilt with certainty
+        # Whether to stream to this server no more, when the streamed attempt decided it (a
+        # stream that broke off or stalled, an uncertain answer); None: the ordinary request's
+        # outcome decides.
+        self._stop: bool | None = None
 
     async def __aenter__(self) -> Any:
         owner = self._owner
@@ -117,23 +118,21 @@ class _StreamedPost:
             return outcome
         if isinstance(outcome, Reassembled):
             return outcome
-        request = owner._request
-        if request.group.tripped:  # tripped while this one streamed: nothing more is sent for it
-            request.cancelled_by_probe = True
-            raise asyncio.CancelledError
+        _end_if_tripped(owner._request)  # tripped while this one streamed: nothing more is sent for it
+        reason = outcome.split(":")[0]
         failed = f"a streamed request to {self._url} could not be reassembled ({outcome}); sent it unstreamed"
-        if self._broke:
+        if self._stop is not None:
             # Said (and streaming stopped) before the ordinary request: a server that fails that
             # too (down, restarting) then asks no further question.
-            self._settle(outcome.split(":")[0], failed, ", each request tries again", stop=self._again)
+            self._settle(reason, failed, ", each request tries again", self._stop)
         self._ordinary = owner._session.post(self._url, json=self._payload, **self._kwargs)
         response = await self._ordinary.__aenter__()
-        if not self._broke:
+        if self._stop is None:
             # A server that cannot stream answered the ordinary request; one that was briefly
-            # overloaded or failing (408, 429, 5xx), or whose answer was the uncertain one, may
-            # stream the next one.
-            stop = response.ok and not passing_failure(self._status) and not self._uncertain
-            self._settle(outcome.split(":")[0], failed, ", each request tries again", stop)
+            # overloaded or failing (408, 429, 5xx) may stream the next one.
+            self._settle(
+                reason, failed, ", each request tries again", response.ok and not passing_failure(self._status)
+            )
         return response
 
     def _settle(self, reason: str, said: str, under_on: str, stop: bool) -> None:
@@ -166,16 +165,17 @@ class _StreamedPost:
                 began = time.monotonic()
                 try:
                     body = await self._read(response)
-                except (asyncio.TimeoutError, *_transport_errors()) as error:
-                    self._broke = True
+                except (asyncio.TimeoutError, _aiohttp("ClientError", asyncio.TimeoutError)) as error:
                     first = _BROKEN_SINCE.setdefault(str(self._url), time.monotonic())
-                    self._again = isinstance(error, asyncio.TimeoutError) or began > first
+                    # A stall costs a timeout each time; a break, only once it recurs.
+                    self._stop = isinstance(error, asyncio.TimeoutError) or began > first
                     return f"a stream that broke off or stalled: {type(error).__name__}: {str(error)[:200]}"
                 _BROKEN_SINCE.pop(str(self._url), None)
                 complete = True
                 return body
             except Unassemblable as error:
-                self._uncertain = isinstance(error, UncertainAnswer)
+                if isinstance(error, UncertainAnswer):
+                    self._stop = False  # the answer was uncertain, not the stream: the next one streams
                 return str(error)
             finally:
                 # Closing, not releasing, drops the connection: the server aborts the generation.
@@ -192,10 +192,8 @@ class _StreamedPost:
                 for data in lines.feed_chunk(chunk):
                     for index, text in whole.add_event(data):
                         probe.partial(request, index, text)
-                    if request.group.tripped:
-                        # Its group tripped (perhaps on this very text): end it as a trip ends the others.
-                        request.cancelled_by_probe = True
-                        raise asyncio.CancelledError
+                    # Its group tripped (perhaps on this very text): end it as a trip ends the others.
+                    _end_if_tripped(request)
                 if whole.done:
                     break
         except asyncio.TimeoutError:
@@ -208,11 +206,17 @@ class _StreamedPost:
         return Reassembled(whole.response())
 
 
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    """aiohttp's client errors (a connection lost, a body cut short), or none before aiohttp is
-    imported: it is lm-eval's, imported by the time a response exists."""
-    aiohttp = sys.modules.get("aiohttp")
-    return (aiohttp.ClientError,) if aiohttp is not None else ()
+def _end_if_tripped(request: Request) -> None:
+    """End ``request``'s call as a trip ends the calls in flight, if its group has tripped."""
+    if request.group.tripped:
+        request.cancelled_by_probe = True
+        raise asyncio.CancelledError
+
+
+def _aiohttp(name: str, fallback: type[BaseException]) -> type[BaseException]:
+    """aiohttp's exception ``name`` (``fallback`` if aiohttp is not imported): aiohttp is
+    lm-eval's, imported by the time a response exists; the runtime imports none of its own."""
+    return getattr(sys.modules.get("aiohttp"), name, fallback)
 
 
 async def _json_answer(response: Any, n_choices: int) -> AnsweredUnstreamed | None:
@@ -220,10 +224,9 @@ async def _json_answer(response: Any, n_choices: int) -> AnsweredUnstreamed | No
     lm-eval reads a response (aiohttp's ``json()``: its content-type check, the charset the
     header names, no byte-order mark), or None when it is not one: the ordinary request that
     follows then gets lm-eval whatever it would have got, an error included."""
-    # aiohttp is lm-eval's, already imported by the time a response exists (the runtime imports
-    # none of its own); its ContentTypeError is "not JSON", as a decode error is. A timeout or a
-    # connection lost while the body is read propagates, as it would unstreamed.
-    not_json = (ValueError, getattr(sys.modules.get("aiohttp"), "ContentTypeError", ValueError))
+    # aiohttp's ContentTypeError is "not JSON", as a decode error is. A timeout or a connection
+    # lost while the body is read propagates, as it would unstreamed.
+    not_json = (ValueError, _aiohttp("ContentTypeError", ValueError))
     try:
         body = await response.json()
     except not_json:
