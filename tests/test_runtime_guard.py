@@ -8,6 +8,7 @@ tests catch it: one reads the injected text, one runs it where ``probe`` cannot 
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import subprocess
 import sys
@@ -23,10 +24,27 @@ from probe.runtime.bootstrap import PACKAGE, unpack
 ALLOWED = set(sys.stdlib_module_names) | {"lm_eval", "vllm", "ray", PACKAGE, "__future__"}
 
 
+def parse(source: str, name: str) -> ast.Module:
+    """``ast.parse`` with the garbage collector held off while it builds the tree.
+
+    CPython 3.11 keeps the AST constructor's depth count per interpreter, not per call: a
+    collection during the build runs Python code (finalizers of what earlier tests in this worker
+    left, and through them other threads), an AST built there resets the count, and the parse
+    fails with "AST constructor recursion depth mismatch" (CPython gh-106905; seen once in CI).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source, name)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def imports(source: str, name: str) -> list[tuple[str, int]]:
     """Every (module, level) a source imports, at any depth."""
     found = []
-    for node in ast.walk(ast.parse(source, name)):
+    for node in ast.walk(parse(source, name)):
         if isinstance(node, ast.Import):
             found += [(alias.name, 0) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -38,7 +56,7 @@ def injected_sources() -> dict[str, str]:
     """Everything the injected text runs: the text itself, the stub, the chain, each module."""
     text = sitecustomize_text(chain=True)
     literals = {}
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(parse(text, "sitecustomize.py")):
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id != "namespace":
             literals[node.targets[0].id] = node.value.value
     assert set(literals) == {"bootstrap", "chain", "modules"}
