@@ -159,6 +159,18 @@ def test_bad_knob_warns_with_name_and_value_and_uses_default(name: str, value: s
     assert name in warnings[0] and repr(value) in warnings[0]
 
 
+@pytest.mark.parametrize(
+    "name",
+    [contract.ENV_MIN_SAMPLES, contract.ENV_MIN_MAX_TOKENS, contract.ENV_DETECTOR_NGRAM, contract.ENV_DETECTOR_WINDOW],
+)
+def test_an_integer_knob_with_more_digits_than_python_converts_warns_and_keeps_the_default(name: str) -> None:
+    # Python 3.11 refuses int() of more than 4,300 digits: one warning, never an exception
+    # (which would leave the whole probe uninstalled).
+    settings, warnings = contract.read_settings({name: "9" * 5000})
+    assert settings == contract.Settings()
+    assert len(warnings) == 1 and name in warnings[0] and "5000 digits" in warnings[0] and len(warnings[0]) < 300
+
+
 def test_good_knobs_are_used() -> None:
     settings, warnings = contract.read_settings(
         {contract.ENV_MIN_SAMPLES: "4", contract.ENV_LENGTH_RATIO: "0.5", contract.ENV_MIN_MAX_TOKENS: "0"}

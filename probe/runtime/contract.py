@@ -187,7 +187,11 @@ class Settings:
 def _parse_int(name: str, raw: str, default: int, minimum: int, maximum: int | None = None) -> tuple[int, str | None]:
     if not _INTEGER.fullmatch(raw):
         return default, f"{name}={raw!r} is not an integer (ASCII digits); using the default {default}"
-    value = int(raw.strip())
+    try:
+        value = int(raw.strip())
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        said = f"{name}={raw.strip()[:20]}... ({len(raw.strip())} digits)"
+        return default, f"{said} has more digits than Python converts to a number; using the default {default}"
     if value < minimum:
         return default, f"{name}={raw!r} is below {minimum}; using the default {default}"
     if maximum is not None and value > maximum:
