@@ -114,6 +114,24 @@ def sse(chunks: list[Any], done: bool = True) -> list[str]:
     return lines + (["data: [DONE]\n", "\n"] if done else [])
 
 
+def chain(pieces: list[str]) -> bool:
+    """Whether the non-empty ``pieces`` (two at least) each extend the one before and are longer."""
+    text = [p for p in pieces if p]
+    return len(text) > 1 and all(b.startswith(a) and len(b) > len(a) for a, b in itertools.pairwise(text))
+
+
+def _chained(chunks: list[dict[str, Any]]) -> bool:
+    """Whether some field of some choice of ``chunks`` came as such a chain."""
+    fields: dict[tuple[int, str], list[str]] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts = choice.get("delta") or {"text": choice.get("text")}
+            for name, value in texts.items():
+                if isinstance(value, str):
+                    fields.setdefault((choice["index"], name), []).append(value)
+    return any(chain(pieces) for pieces in fields.values())
+
+
 def _said_by_vllm(response: dict[str, Any]) -> bool:
     return all("stop_reason" in choice for choice in response["choices"])
 
@@ -128,6 +146,11 @@ def test_any_response_streamed_as_the_server_would_reassembles_into_itself(data:
         any(c.get("message", {}).get(n) for n in ("reasoning_content", "reasoning")) for c in response["choices"]
     ]
     empty = ["message" in c and not c["message"]["content"] for c in response["choices"]]
+    if _chained(chunks):
+        # Pieces that each extend the one before may be the text so far: the answer is uncertain.
+        with pytest.raises(UncertainAnswer, match="extends the one before"):
+            reassemble(sse(chunks), len(response["choices"]))
+        return
     if any(e and not (vllm and t) for e, t in zip(empty, thought, strict=True)):
         # An empty answer, unless vLLM says it came after reasoning (null): from vLLM with a
         # reasoning parser, or from a server that does not say it is vLLM (or SGLang), it may be
@@ -336,6 +359,53 @@ def test_a_line_that_is_not_utf8_is_refused_so_that_the_request_falls_back() -> 
     # A UnicodeDecodeError escaped the fallback: lm-eval retried the same stream until it crashed.
     with pytest.raises(Unassemblable):
         EventLines().feed(b'data: {"text": "4\xff2"}\n')
+
+
+def _pieces_stream(pieces: list[str]) -> list[str]:
+    head = {"id": "x", "object": "text_completion", "model": "m"}
+    chunks = [{**head, "choices": [{"index": 0, "text": piece, "finish_reason": None}]} for piece in pieces]
+    chunks.append({**head, "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
+    return sse([*chunks, {**head, "choices": [], "usage": {"completion_tokens": len(pieces)}}])
+
+
+def test_a_stream_of_the_text_so_far_is_refused_and_never_fed_to_the_detector() -> None:
+    # A gateway that sends each chunk's text so far instead of what is new: joined, the answer
+    # would be every prefix one after the other, and the detector would take it for a loop.
+    answer = "The answer is that seventeen times three is fifty-one."
+    so_far = [answer[: i + 1] for i in range(0, len(answer), 3)]
+    events, whole = EventLines(), Reassembly(1)
+    seen = ""
+    with pytest.raises(Unassemblable, match="text so far") as refused:
+        for line in _pieces_stream(so_far):
+            for data in events.feed(line):
+                seen += "".join(text for _, text in whole.add_event(data))
+    assert not isinstance(refused.value, UncertainAnswer) and seen == ""  # the server's way of streaming
+    # Shorter, it may be new text that doubled every time: this answer falls back, not the server.
+    with pytest.raises(UncertainAnswer, match="extends the one before"):
+        reassemble(_pieces_stream(so_far[:4]), 1)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["a"] * 40,
+        ["ab", "ab", "abab"],
+        ["The", " cat", " sat."],
+        ["x", "xy", "q"],
+        ["only one piece"],
+        ["", "a", "", "ab!", "c"],
+    ],
+)
+def test_new_text_is_reassembled_and_fed_to_the_detector_in_order(pieces: list[str]) -> None:
+    rebuilt, seen = reassemble(_pieces_stream(pieces), 1)
+    assert rebuilt["choices"][0]["text"] == seen[0] == "".join(pieces)
+
+
+def test_an_event_nested_deeper_than_pythons_stack_is_refused() -> None:
+    # json.loads raised RecursionError, which escaped the fallback: lm-eval retried the same
+    # stream until the run died.
+    with pytest.raises(Unassemblable, match="not JSON"):
+        Reassembly(1).add_event("[" * 100_000 + "]" * 100_000)
 
 
 def test_text_after_its_choice_ended_is_refused() -> None:

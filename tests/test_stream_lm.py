@@ -9,6 +9,7 @@ import json
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed, settled
@@ -108,7 +109,8 @@ def _unstreamed_content(base_url: str) -> str | None:
         return json.load(reply)["choices"][0]["message"]["content"]
 
 
-QUIRKS = ["refuse", "no_usage", "error_event", "unknown_field", "json"]
+# deep_event: json.loads raised RecursionError, which escaped the fallback (hostile round 19).
+QUIRKS = ["refuse", "no_usage", "error_event", "unknown_field", "json", "deep_event"]
 
 
 @pytest.mark.parametrize("quirk", QUIRKS)
@@ -136,6 +138,58 @@ def test_what_cannot_be_streamed_falls_back_to_one_ordinary_request_or_none(
         # auto: the server is not streamed again after its first fallback (two were in flight).
         assert attempts <= (0 if quirk == "refuse" else 2)
     assert said.count("could not be reassembled") == 1
+
+
+@pytest.mark.parametrize("knob", ["auto", "on"])
+@pytest.mark.parametrize("chat_format", [False, True], ids=["completions", "chat"])
+def test_a_gateway_that_streams_the_text_so_far_changes_no_answer_and_flags_nothing(
+    sim, result_dir, monkeypatch, capsys, knob, chat_format
+) -> None:
+    # Each chunk carries its text so far, not what is new. Joined, every answer was all its
+    # prefixes in a row (13 times too long), which the loop detector took for a loop: a healthy
+    # run tripped and its answers changed (hostile round 19). Long texts that never loop: 300
+    # rambling tokens (a rule that cannot fire), or a thinking model's 3,000 tokens of reasoning.
+    monkeypatch.setenv(ENV_STREAM, knob)
+    monkeypatch.setenv(contract.ENV_MIN_SAMPLES, "100000")
+    monkeypatch.setenv(contract.ENV_MIN_MAX_TOKENS, "0")  # every request is evidence, so streamed
+    if chat_format:
+        server, gen_kwargs = sim("healthy", lengths="reasoning", stream_quirk="so_far"), GEN_KWARGS
+    else:
+        server, gen_kwargs = sim("never_stop", stream_quirk="so_far"), {**GEN_KWARGS, "max_tokens": 300}
+
+    def lm() -> Any:
+        return chat(server.base_url, 2) if chat_format else completions(server.base_url, num_concurrent=2)
+
+    plain = generate(lm(), 12, gen_kwargs, chat_format)
+    before = server.snapshot()["generate_requests"]
+    with probe_installed() as probe:
+        probed = generate(lm(), 12, gen_kwargs, chat_format)
+        probe.finalise()
+        (group,) = probe.evidence_document()["groups"]
+    attempts = server.snapshot()["generate_requests"] - before - 12
+    assert probed == plain and group["flagged"] == 0 and group["observations"] == 12
+    # Refused as a way of streaming: under auto the server is streamed no more (two were in flight).
+    assert attempts == 12 if knob == "on" else attempts <= 2
+    assert capsys.readouterr().err.count("the server streams the text so far") == 1
+
+
+def test_a_defect_of_the_reassembly_falls_back_instead_of_failing_the_request(
+    sim, result_dir, monkeypatch, capsys
+) -> None:
+    # A failure nobody foresaw (here a TypeError, standing for a defect of the probe's own) is a
+    # refusal: the ordinary request answers, where it would have escaped into lm-eval's retries.
+    from probe.runtime.stream import Reassembly
+
+    def defect(self: Reassembly, data: str) -> list:
+        raise TypeError("a defect")
+
+    server = sim("healthy")
+    plain = generate(completions(server.base_url, num_concurrent=2), 6)
+    monkeypatch.setattr(Reassembly, "add_event", defect)
+    with probe_installed():
+        probed = generate(completions(server.base_url, num_concurrent=2), 6)
+    assert probed == plain
+    assert capsys.readouterr().err.count("could not be reassembled (the reassembly failed (TypeError: a defect))") == 1
 
 
 def test_a_server_busy_once_is_streamed_again(sim, result_dir, capsys) -> None:

@@ -48,7 +48,9 @@ server answers), ``held_open`` (a stream that ends its choices, sends neither th
 connection dropped after the first text, or once every choice has ended: the body cut short,
 as a proxy that gives up on a stream cuts it), ``drop_once`` (``drop_mid`` for the first
 streamed request only, as a server restarting cuts the streams in flight) and ``unlabelled`` (a server that is not vLLM:
-no ``stop_reason``, and an empty chat answer is ``""`` even after reasoning).
+no ``stop_reason``, and an empty chat answer is ``""`` even after reasoning). Two a buggy
+gateway has: ``so_far`` (each chunk carries its field's text so far, not what is new) and
+``deep_event`` (after the first text, one event of JSON nested 5,000 levels deep).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
 broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
@@ -87,7 +89,7 @@ MODES = (
 STREAM_QUIRKS = (
     None, "refuse", "no_usage", "error_event", "unknown_field", "json", "json_cut",
     "one_event", "busy_once", "held_open", "stall_mid", "drop_mid", "drop_after_last", "drop_once",
-    "unlabelled",
+    "unlabelled", "so_far", "deep_event",
 )  # fmt: skip
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
@@ -350,6 +352,7 @@ class SimServer:
         pending = [_units(choice) for choice in body["choices"]]
         sent = [0] * len(pending)
         ended = [False] * len(pending)
+        so_far: dict[tuple[int, str], str] = {}  # the so_far quirk: each field's text so far
         clocks = [n * stretch * self.seconds_per_token for n in tokens]
         started = time.monotonic()
 
@@ -373,7 +376,11 @@ class SimServer:
                     if self.stream_quirk == "one_event":
                         due = len(units) if clock <= 0 or elapsed >= clock else 0
                     for field_name, text in _runs(units[sent[index] : due]):
+                        if self.stream_quirk == "so_far":
+                            text = so_far[(index, field_name)] = so_far.get((index, field_name), "") + text
                         await send({"choices": [_delta(index, field_name, text, "messages" in payload)]})
+                        if self.stream_quirk == "deep_event":
+                            await response.write(b"data: " + b"[" * 5000 + b"]" * 5000 + b"\n\n")
                         if self.stream_quirk == "error_event":
                             await send({"error": {"message": "simulated failure", "code": 500}})
                             return response

@@ -30,6 +30,9 @@ _TOP = ("id", "object", "created", "model", "system_fingerprint", "service_tier"
 _CHOICE = ("finish_reason", "stop_reason", "matched_stop")  # scalars: the last non-null wins
 _NULL_ONLY = ("logprobs", "token_ids", "prompt_logprobs", "prompt_token_ids")
 _OBJECTS = {"text_completion": "text_completion", "chat.completion.chunk": "chat.completion"}
+# Pieces of a field in a row that each extend the one before: the text so far, certainly (new
+# text would have doubled 15 times, one token at a time).
+CUMULATIVE_CHAIN = 16
 
 
 class Unassemblable(ValueError):
@@ -110,15 +113,52 @@ class _Choice:
     texts: dict[str, list[str]] = field(default_factory=dict)
     role: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
+    # Per text field, while each of its pieces so far extends the one before and is longer:
+    # how many there are (see add_text). Absent once one does not.
+    chains: dict[str, int] = field(default_factory=dict)
+    received: int = 0  # characters of text received, withheld or not
 
     def add_text(self, name: str, piece: Any) -> str:
+        """Take the next piece of field ``name``; returns the text it tells the detector of.
+
+        A server that streams the text so far instead of what is new sends pieces that each
+        extend the one before; new text does that only while it doubles with every piece. So
+        the pieces of a field are withheld while they form such a chain, and handed on once one
+        does not (all of them: the text so far), or after a single one when another field begins
+        or the choice ends (one piece is the same either way). A chain of CUMULATIVE_CHAIN pieces
+        is refused; a choice that ends on a shorter one is uncertain (``body``)."""
         if piece is None:
             self.texts.setdefault(name, [])
             return ""
         if not isinstance(piece, str):
             raise Unassemblable(f"choice {self.index}: {name} is {type(piece).__name__}, not text")
-        self.texts.setdefault(name, []).append(piece)
-        return piece
+        pieces = self.texts.setdefault(name, [])
+        pieces.append(piece)
+        self.received += len(piece)
+        if not piece:
+            return ""
+        if name not in self.chains:
+            if len(pieces) > 1 and any(pieces[:-1]):  # its chain broke earlier
+                return piece
+            released = self.release()  # this field begins: another's single piece goes first
+            self.chains[name] = 1
+            return released
+        last = next(p for p in reversed(pieces[:-1]) if p)
+        if not (piece.startswith(last) and len(piece) > len(last)):
+            del self.chains[name]
+            return "".join(pieces)
+        self.chains[name] += 1
+        if self.chains[name] >= CUMULATIVE_CHAIN:
+            raise Unassemblable(f"choice {self.index}: {self.chains[name]} pieces of its {name} each extend the one "
+                                "before (the server streams the text so far, not what is new)")  # fmt: skip
+        return ""
+
+    def release(self) -> str:
+        """The fields withheld after a single piece, handed on."""
+        single = [name for name, chain in self.chains.items() if chain == 1]
+        for name in single:
+            del self.chains[name]
+        return "".join(self.joined(name) or "" for name in single)
 
     def joined(self, name: str) -> str | None:
         pieces = self.texts.get(name)
@@ -146,6 +186,9 @@ class _Choice:
     def body(self) -> dict[str, Any]:
         if "finish_reason" not in self.fields or self.fields["finish_reason"] is None:
             raise Unassemblable(f"choice {self.index} never ended")
+        if self.chains:
+            raise UncertainAnswer(f"choice {self.index}: each piece of its {next(iter(self.chains))} extends the one "
+                                  "before, as the text so far would: what is new cannot be told")  # fmt: skip
         body: dict[str, Any] = {"index": self.index}
         if self.chat:
             body["message"] = self.message()
@@ -179,7 +222,7 @@ class Reassembly:
             return []
         try:
             chunk = json.loads(data)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: JSON nested past Python's stack
             raise Unassemblable(f"an event that is not JSON: {data[:80]!r}") from error
         return self.add_chunk(chunk)
 
@@ -210,7 +253,7 @@ class Reassembly:
         chat = self._top["object"] == "chat.completion.chunk"
         choice = self._choices.setdefault(index, _Choice(index, chat))
         ended = choice.fields.get("finish_reason") is not None  # by an earlier chunk
-        new = ""
+        received, new = choice.received, ""
         for name, value in raw.items():
             if name == "index":
                 continue
@@ -227,8 +270,10 @@ class Reassembly:
                 choice.fields.setdefault(name, None)
             elif value is not None:
                 raise Unassemblable(f"choice {index} carries an unknown field: {name}")
-        if ended and new:
+        if ended and choice.received > received:
             raise Unassemblable(f"choice {index} has text after its end")
+        if not ended and choice.fields.get("finish_reason") is not None:
+            new += choice.release()
         return index, new
 
     @staticmethod

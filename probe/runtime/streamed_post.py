@@ -189,8 +189,8 @@ class _StreamedPost:
         # server may send a whole long answer as one event.
         try:
             async for chunk in response.content.iter_any():
-                for data in lines.feed_chunk(chunk):
-                    for index, text in whole.add_event(data):
+                for data in _refusing(lines.feed_chunk, chunk):
+                    for index, text in _refusing(whole.add_event, data):
                         probe.partial(request, index, text)
                     # Its group tripped (perhaps on this very text): end it as a trip ends the others.
                     _end_if_tripped(request)
@@ -201,9 +201,21 @@ class _StreamedPost:
                 raise
             # Every choice had ended, and the server held the stream open until the timeout.
             raise Unassemblable("a stream held open after its choices ended, without [DONE]") from None
-        for data in lines.flush():
-            whole.add_event(data)
-        return Reassembled(whole.response())
+        for data in _refusing(lines.flush):
+            _refusing(whole.add_event, data)
+        return Reassembled(_refusing(whole.response))
+
+
+def _refusing(step: Any, *arguments: Any) -> Any:
+    """``step(*arguments)``, one step of the reassembly, whose every failure is a refusal: one the
+    reassembly did not foresee (a defect of its own) must not escape into lm-eval, which would
+    retry the same stream until the run died; the ordinary request decides instead."""
+    try:
+        return step(*arguments)
+    except Unassemblable:
+        raise
+    except Exception as error:
+        raise Unassemblable(f"the reassembly failed ({type(error).__name__}: {str(error)[:200]})") from error
 
 
 def _end_if_tripped(request: Request) -> None:
@@ -224,9 +236,10 @@ async def _json_answer(response: Any, n_choices: int) -> AnsweredUnstreamed | No
     lm-eval reads a response (aiohttp's ``json()``: its content-type check, the charset the
     header names, no byte-order mark), or None when it is not one: the ordinary request that
     follows then gets lm-eval whatever it would have got, an error included."""
-    # aiohttp's ContentTypeError is "not JSON", as a decode error is. A timeout or a connection
-    # lost while the body is read propagates, as it would unstreamed.
-    not_json = (ValueError, _aiohttp("ContentTypeError", ValueError))
+    # aiohttp's ContentTypeError is "not JSON", as a decode error is, and so is JSON nested past
+    # Python's stack (RecursionError). A timeout or a connection lost while the body is read
+    # propagates, as it would unstreamed.
+    not_json = (ValueError, RecursionError, _aiohttp("ContentTypeError", ValueError))
     try:
         body = await response.json()
     except not_json:
