@@ -112,8 +112,19 @@ def test_a_group_carries_a_caveat_even_when_its_sums_are_under_the_rate(tmp_path
     [({"short_circuited": 84, "observations": 16}, False, "blanked by the probe"),
      ({"short_circuited": 84, "observations": 16}, True, "blanked by the probe"),
      ({"tripped": True, "short_circuited": 3}, False, "says nothing tripped"),
-     ({"cancelled_in_flight": 5}, False, "cancelled in flight")],
-    ids=["blanked-not-tripped", "blanked-task-not-tripped", "task-tripped-run-not", "cancelled-more-than-blanked"],
+     ({"cancelled_in_flight": 5}, False, "cancelled in flight"),
+     # Hand-edited counts no run can write (hostile round 19), each judged ok before.
+     ({"observations": 400, "finish_reasons": {"stop": 400}}, False, "than it asked for"),
+     ({"observations": 80, "finish_reasons": {"stop": 80}, "short_circuited": 30, "tripped": True}, True,
+      "than it asked for"),
+     ({"flagged": 300, "flagged_endings": {}}, False, "more flagged"),
+     ({"finish_reasons": {"stop": 3}}, False, "finish reasons other than its observations"),
+     ({"causes": {"output_cap": 30}}, False, "causes other than its cut-off"),
+     ({"stop_at_cap": 500}, False, "'stop_at_cap'"),
+     ({"below_min_max_tokens": 500}, False, "'below_min_max_tokens'")],
+    ids=["blanked-not-tripped", "blanked-task-not-tripped", "task-tripped-run-not", "cancelled-more-than-blanked",
+         "observed-more-than-asked", "observed-and-blanked-more-than-asked", "flagged-more-than-answered",
+         "reasons-not-observations", "causes-not-cut-off", "stops-at-cap-not-stops", "below-min-not-observed"],
 )  # fmt: skip
 def test_evidence_that_contradicts_itself_is_unavailable(tmp_path: Path, changes: dict, tripped: bool,
                                                          words: str) -> None:  # fmt: skip

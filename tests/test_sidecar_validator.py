@@ -86,6 +86,34 @@ def test_the_loop_detectors_fields_are_checked_when_present(fields: dict, valid:
         assert (read_sidecar(directory, now=1e300).state == "valid") is valid
 
 
+@pytest.mark.parametrize(
+    ("record", "final", "valid"),
+    [
+        ({}, {}, True),
+        ({"pathological": 900}, {}, False),  # more pathological than observed (hostile round 19)
+        ({"pathological": -1, "observations": -1}, {}, False),
+        ({"finish_reasons": {"length": 17}}, {}, False),  # more endings than observations
+        ({"finish_reasons": {"length": 8}}, {}, True),  # the other 8 flagged before they ended
+        ({"finish_reasons": {"length": -1}}, {}, False),
+        ({"finish_reasons": {"length": "16"}}, {}, False),
+        ({}, {"short_circuited_requests": 10, "cancelled_in_flight": 40}, False),
+        ({}, {"short_circuited_requests": -1}, False),
+        ({}, {"short_circuited_requests": "1303"}, False),
+        ({}, {"cancelled_in_flight": None}, False),
+        ({}, {"short_circuited_requests": 0, "cancelled_in_flight": 0}, True),
+    ],
+)
+def test_counts_no_run_can_write_are_refused(record: dict, final: dict, valid: bool) -> None:
+    document = json.loads(json.dumps(VALID))
+    document["verdict"].update(record)
+    document["final"] = {**(document.get("final") or {}), **final}
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / contract.SIDECAR_NAME
+        path.write_text(json.dumps(document))
+        assert (read_sidecar_at(str(path))[0] is not None) is valid
+        assert (read_sidecar(directory, now=1e300).state == "valid") is valid
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sidecars())
 def test_the_runtime_and_the_reader_agree_on_what_a_valid_sidecar_is(document: object) -> None:

@@ -45,6 +45,9 @@ def run_evidence(document: dict[str, Any]) -> dict[str, Any] | None:
         if figures is None and name == "(unattributed)":
             continue
         problem = _figures_problem(figures)
+        if not problem and name != "(unattributed)":
+            # Unattributed generations are those whose task could not be told: never asked for as such.
+            problem = _requests_problem(figures)
         if not problem and figures["tripped"] and not evidence["tripped"]:
             problem = "is marked tripped while the run's evidence says nothing tripped: the evidence contradicts itself"
         if problem:
@@ -76,7 +79,7 @@ def _figures_problem(figures: Any) -> str | None:
     caps = figures.get("max_tokens")
     if not isinstance(caps, list) or any(type(m) is not int for m in caps):
         return "has no list of max_tokens"
-    problem = _flagged_problem(figures) or _watched_problem(figures)
+    problem = _flagged_problem(figures) or _watched_problem(figures) or _parts_problem(figures)
     if problem:
         return problem
     if figures["cut_off"] > figures["observations"] or figures["empty_answers"] > figures["observations"]:
@@ -86,6 +89,33 @@ def _figures_problem(figures: Any) -> str | None:
     if figures["short_circuited"] and not figures["tripped"]:
         return (f"says {figures['short_circuited']} of its answers were blanked by the probe, yet its 'tripped' "
                 "flag is false: the evidence contradicts itself")  # fmt: skip
+    return None
+
+
+def _parts_problem(figures: dict[str, Any]) -> str | None:
+    """The counts that are parts of others, as the runtime files them (``TaskEvidence``): every
+    observation under one finish reason, every cut-off generation under one cause, the stops at
+    the cap and the generations below MIN_MAX_TOKENS among the observations (absent from
+    evidence written before they were counted)."""
+    observed, reasons, causes = figures["observations"], figures["finish_reasons"], figures["causes"]
+    if sum(reasons.values()) != observed or sum(causes.values()) != figures["cut_off"]:
+        return ("counts finish reasons other than its observations, or causes other than its cut-off "
+                "generations: the evidence contradicts itself")  # fmt: skip
+    stops = min(reasons.get("stop", 0), causes.get("output_cap", 0))
+    for name, most in (("stop_at_cap", stops), ("below_min_max_tokens", observed)):
+        value = figures.get(name, 0)
+        if type(value) is not int or not 0 <= value <= most:
+            return f"has a count {name!r} that is not within its observations: the evidence contradicts itself"
+    return None
+
+
+def _requests_problem(figures: dict[str, Any]) -> str | None:
+    """A task's generations, each asked for once (``generate_requests``): observed (the flagged
+    among them, or cut short by a trip) or answered blank, never both."""
+    answered = figures["observations"] + figures["short_circuited"]
+    if answered > figures["generate_requests"] or figures.get("flagged", 0) > answered:
+        return ("counts more generations observed or answered blank than it asked for, or more flagged "
+                "than it observed or answered blank: the evidence contradicts itself")  # fmt: skip
     return None
 
 

@@ -275,16 +275,40 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
         value = record.get(name)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             return f"a trip record whose field {name!r} is missing or of the wrong type"
-    problem = _optional_fields_problem(record)
+    problem = _counts_problem(record) or _optional_fields_problem(record)
     if problem:
         return problem
     final = document.get("final")
     if final is not None and not isinstance(final, dict):
         return "a sidecar whose 'final' is neither null nor an object"
+    problem = _final_problem(final or {})
+    if problem:
+        return problem
     if not finite_throughout(document):
         return "a sidecar holding a number that is not finite (NaN or Infinity)"
     if now is not None and record["tripped_at"] > now + MAX_CLOCK_SKEW_S:
         return f"a trip record in the future ('tripped_at' {record['tripped_at'] - now:.0f} s ahead of this clock)"
+    return None
+
+
+def _counts_problem(record: Mapping[str, Any]) -> str | None:
+    """The trip's counts as the rule keeps them (``Tally``): the pathological among the
+    observations, and a finish reason for each observation that ended (a flagged one may not have)."""
+    observed, reasons = record["observations"], record["finish_reasons"]
+    if not 0 <= record["pathological"] <= observed:
+        return "a trip record whose 'pathological' is not a count within its 'observations'"
+    if any(type(n) is not int or n < 0 for n in reasons.values()) or sum(reasons.values()) > observed:
+        return "a trip record whose 'finish_reasons' are not counts within its 'observations'"
+    return None
+
+
+def _final_problem(final: Mapping[str, Any]) -> str | None:
+    """What the run then blanked (``final``, written at its end): counts, those cancelled in
+    flight among those answered blank."""
+    counts = [final.get(name, 0) for name in ("short_circuited_requests", "cancelled_in_flight")]
+    if any(type(n) is not int or n < 0 for n in counts) or counts[1] > counts[0]:
+        return ("a sidecar whose 'final' counts are not counts, or count more requests cancelled in flight "
+                "than answered blank")  # fmt: skip
     return None
 
 

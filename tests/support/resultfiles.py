@@ -54,9 +54,12 @@ def write_sidecar(
 
 
 def figures(**changes: object) -> dict:
-    """One task's evidence as the probe writes it: 40 healthy generations, with ``changes``."""
+    """One task's evidence as the probe writes it: 40 healthy generations, with ``changes``;
+    unless they say otherwise, each request observed or blanked once, each ending a stop."""
+    observed = changes.get("observations", 40)
     found = {
-        "generate_requests": 40, "observations": 40, "finish_reasons": {"stop": 40}, "cut_off": 0,
+        "generate_requests": observed + changes.get("short_circuited", 0), "observations": observed,
+        "finish_reasons": {"stop": observed}, "cut_off": 0,
         "cut_off_rate": 0.0, "causes": {"output_cap": 0}, "empty_answers": 0, "short_circuited": 0,
         "cancelled_in_flight": 0, "below_min_max_tokens": 0, "max_tokens": [2048], "tripped": False,
     }  # fmt: skip
