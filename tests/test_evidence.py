@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,12 +164,25 @@ def test_bad_knob_warns_with_name_and_value_and_uses_default(name: str, value: s
     "name",
     [contract.ENV_MIN_SAMPLES, contract.ENV_MIN_MAX_TOKENS, contract.ENV_DETECTOR_NGRAM, contract.ENV_DETECTOR_WINDOW],
 )
-def test_an_integer_knob_with_more_digits_than_python_converts_warns_and_keeps_the_default(name: str) -> None:
-    # Python 3.11 refuses int() of more than 4,300 digits: one warning, never an exception
-    # (which would leave the whole probe uninstalled).
-    settings, warnings = contract.read_settings({name: "9" * 5000})
+@pytest.mark.parametrize("limit", [None, 0], ids=["python-digit-limit", "no-digit-limit"])
+@pytest.mark.parametrize("digits", [19, 5000])
+def test_an_integer_knob_larger_than_any_setting_needs_warns_and_keeps_the_default(
+    name: str, limit: int | None, digits: int
+) -> None:
+    # int() raised past Python's 4,300 digits, leaving the whole probe uninstalled; with the limit
+    # lifted (PYTHONINTMAXSTRDIGITS=0) the number reached the results file, which a reader under
+    # the limit then could not parse (hostile rounds 19 and 20). Leading zeros are no digits.
+    before = sys.get_int_max_str_digits()
+    if limit is not None:
+        sys.set_int_max_str_digits(limit)
+    try:
+        settings, warnings = contract.read_settings({name: "9" * digits})
+        padded, quiet = contract.read_settings({name: "0" * 40 + "64"})
+    finally:
+        sys.set_int_max_str_digits(before)
     assert settings == contract.Settings()
-    assert len(warnings) == 1 and name in warnings[0] and "5000 digits" in warnings[0] and len(warnings[0]) < 300
+    assert len(warnings) == 1 and name in warnings[0] and f"{digits} digits" in warnings[0] and len(warnings[0]) < 300
+    assert quiet == [] and padded.as_dict()[name] == 64
 
 
 def test_good_knobs_are_used() -> None:

@@ -49,7 +49,8 @@ connection dropped after the first text, or once every choice has ended: the bod
 as a proxy that gives up on a stream cuts it), ``drop_once`` (``drop_mid`` for the first
 streamed request only, as a server restarting cuts the streams in flight) and ``unlabelled`` (a server that is not vLLM:
 no ``stop_reason``, and an empty chat answer is ``""`` even after reasoning). Two a buggy
-gateway has: ``so_far`` (each chunk carries its field's text so far, not what is new) and
+gateway has: ``so_far`` (each chunk carries its field's text so far, not what is new, and the last the
+whole answer again) and
 ``deep_event`` (after the first text, one event of JSON nested 5,000 levels deep).
 
 ``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
@@ -391,7 +392,12 @@ class SimServer:
                     sent[index] = due
                     if due == len(units) and (clock <= 0 or elapsed >= clock):
                         ended[index] = True
-                        await send({"choices": [self._ending(body["choices"][index], "messages" in payload)]})
+                        ending = self._ending(body["choices"][index], "messages" in payload)
+                        if self.stream_quirk == "so_far":  # the last chunk says the whole answer again
+                            answer = "content" if "messages" in payload else "text"
+                            text = so_far.get((index, answer), "")
+                            ending.update({"delta": {"content": text}} if "messages" in payload else {"text": text})
+                        await send({"choices": [ending]})
                 await asyncio.sleep(_next_wake(pending, sent, ended, clocks, time.monotonic() - started))
             if self.stream_quirk == "drop_after_last":
                 return _dropped(request, response)

@@ -62,6 +62,7 @@ RATIO_RANGE = (0.5, 1.0)
 # ASCII only: int() and float() also accept other scripts' digits and underscores ("١٦",
 # "1_6"), which a person reading the environment would not read as the same number.
 _INTEGER = re.compile(r"\s*\+?[0-9]+\s*")
+MAX_DIGITS = 18  # an integer knob's digits (leading zeros aside): below 2**63, as JSON readers hold it
 _DECIMAL = re.compile(r"\s*\+?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
 _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 
@@ -187,11 +188,13 @@ class Settings:
 def _parse_int(name: str, raw: str, default: int, minimum: int, maximum: int | None = None) -> tuple[int, str | None]:
     if not _INTEGER.fullmatch(raw):
         return default, f"{name}={raw!r} is not an integer (ASCII digits); using the default {default}"
-    try:
-        value = int(raw.strip())
-    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
-        said = f"{name}={raw.strip()[:20]}... ({len(raw.strip())} digits)"
-        return default, f"{said} has more digits than Python converts to a number; using the default {default}"
+    digits = raw.strip().lstrip("+").lstrip("0")
+    if len(digits) > MAX_DIGITS:
+        # Never int() of it: past 4,300 digits that raises, unless PYTHONINTMAXSTRDIGITS lifts
+        # the limit, and then the results file that records it is unreadable under the limit.
+        said = f"{name}={raw.strip()[:20]}... ({len(digits)} digits)"
+        return default, f"{said} is larger than any setting needs; using the default {default}"
+    value = int(digits or "0")
     if value < minimum:
         return default, f"{name}={raw!r} is below {minimum}; using the default {default}"
     if maximum is not None and value > maximum:

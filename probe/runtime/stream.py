@@ -31,7 +31,8 @@ _CHOICE = ("finish_reason", "stop_reason", "matched_stop")  # scalars: the last 
 _NULL_ONLY = ("logprobs", "token_ids", "prompt_logprobs", "prompt_token_ids")
 _OBJECTS = {"text_completion": "text_completion", "chat.completion.chunk": "chat.completion"}
 # Pieces of a field in a row that each extend the one before: the text so far, certainly (new
-# text would have doubled 15 times, one token at a time).
+# text would have doubled 15 times, one token at a time); as many that repeat one text: a token
+# repeated, certainly (the text so far would have stayed the same for 15 tokens).
 CUMULATIVE_CHAIN = 16
 
 
@@ -107,58 +108,75 @@ class EventLines:
 
 
 @dataclass
+class _Chain:
+    """A text field whose pieces so far each extend or repeat the one before, as the text so
+    far would (``_Choice.add_text``)."""
+
+    last: str  # the last non-empty piece
+    pieces: int = 1  # non-empty pieces
+    grew: int = 0  # pieces longer than the one before
+
+
+@dataclass
 class _Choice:
     index: int
     chat: bool
     texts: dict[str, list[str]] = field(default_factory=dict)
     role: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
-    # Per text field, while each of its pieces so far extends the one before and is longer:
-    # how many there are (see add_text). Absent once one does not.
-    chains: dict[str, int] = field(default_factory=dict)
+    chains: dict[str, _Chain] = field(default_factory=dict)  # the fields that may be the text so far
+    new_text: set[str] = field(default_factory=set)  # the fields whose pieces are certainly new text
     received: int = 0  # characters of text received, withheld or not
 
-    def add_text(self, name: str, piece: Any) -> str:
-        """Take the next piece of field ``name``; returns the text it tells the detector of.
+    def add_text(self, name: str, piece: Any, ending: bool = False) -> str:
+        """Take the next piece of field ``name`` (``ending``: in the chunk that ends the choice);
+        returns the text it tells the detector of.
 
         A server that streams the text so far instead of what is new sends pieces that each
-        extend the one before; new text does that only while it doubles with every piece. So
-        the pieces of a field are withheld while they form such a chain, and handed on once one
-        does not (all of them: the text so far), or after a single one when another field begins
-        or the choice ends (one piece is the same either way). A chain of CUMULATIVE_CHAIN pieces
-        is refused; a choice that ends on a shorter one is uncertain (``body``)."""
+        extend the one before, or repeat it (a token with no text yet), or, at the end, cut a stop
+        string from it. New text does that only while it doubles, or while one token repeats. So
+        a field's pieces are withheld while they form such a chain, and handed on, all of them as
+        new text, once one does not, once CUMULATIVE_CHAIN of them are the same text (a token
+        repeated: the text so far would have grown), or, a single piece, when another field begins
+        or the choice ends. CUMULATIVE_CHAIN that grew are refused (the text so far); a choice
+        that ends on a shorter chain is uncertain (``body``)."""
         if piece is None:
             self.texts.setdefault(name, [])
             return ""
         if not isinstance(piece, str):
             raise Unassemblable(f"choice {self.index}: {name} is {type(piece).__name__}, not text")
-        pieces = self.texts.setdefault(name, [])
-        pieces.append(piece)
+        self.texts.setdefault(name, []).append(piece)
         self.received += len(piece)
-        if not piece:
-            return ""
-        if name not in self.chains:
-            if len(pieces) > 1 and any(pieces[:-1]):  # its chain broke earlier
-                return piece
+        if not piece or name in self.new_text:
+            return piece
+        chain = self.chains.get(name)
+        if chain is None:
             released = self.release()  # this field begins: another's single piece goes first
-            self.chains[name] = 1
+            self.chains[name] = _Chain(piece)
             return released
-        last = next(p for p in reversed(pieces[:-1]) if p)
-        if not (piece.startswith(last) and len(piece) > len(last)):
-            del self.chains[name]
-            return "".join(pieces)
-        self.chains[name] += 1
-        if self.chains[name] >= CUMULATIVE_CHAIN:
-            raise Unassemblable(f"choice {self.index}: {self.chains[name]} pieces of its {name} each extend the one "
-                                "before (the server streams the text so far, not what is new)")  # fmt: skip
+        last = chain.last
+        if not ((piece.startswith(last) and len(piece) >= len(last)) or (ending and last.startswith(piece))):
+            return self._handed_on(name)  # new text after all: never the text so far
+        chain.pieces += 1
+        chain.grew += len(piece) > len(last)
+        chain.last = piece
+        if chain.grew >= CUMULATIVE_CHAIN:
+            raise Unassemblable(f"choice {self.index}: {chain.grew} pieces of its {name} each extend the one before "
+                                "(the server streams the text so far, not what is new)")  # fmt: skip
+        if not chain.grew and chain.pieces >= CUMULATIVE_CHAIN and piece == last:
+            return self._handed_on(name)
         return ""
 
+    def _handed_on(self, name: str) -> str:
+        """Field ``name`` is new text: every piece so far, handed on."""
+        del self.chains[name]
+        self.new_text.add(name)
+        return self.joined(name) or ""
+
     def release(self) -> str:
-        """The fields withheld after a single piece, handed on."""
-        single = [name for name, chain in self.chains.items() if chain == 1]
-        for name in single:
-            del self.chains[name]
-        return "".join(self.joined(name) or "" for name in single)
+        """The fields withheld after a single piece, handed on (one piece is the same either way)."""
+        single = [name for name, chain in self.chains.items() if chain.pieces == 1]
+        return "".join(self._handed_on(name) for name in single)
 
     def joined(self, name: str) -> str | None:
         pieces = self.texts.get(name)
@@ -187,7 +205,8 @@ class _Choice:
         if "finish_reason" not in self.fields or self.fields["finish_reason"] is None:
             raise Unassemblable(f"choice {self.index} never ended")
         if self.chains:
-            raise UncertainAnswer(f"choice {self.index}: each piece of its {next(iter(self.chains))} extends the one "
+            name = next(iter(self.chains))
+            raise UncertainAnswer(f"choice {self.index}: each piece of its {name} extends or repeats the one "
                                   "before, as the text so far would: what is new cannot be told")  # fmt: skip
         body: dict[str, Any] = {"index": self.index}
         if self.chat:
@@ -253,14 +272,15 @@ class Reassembly:
         chat = self._top["object"] == "chat.completion.chunk"
         choice = self._choices.setdefault(index, _Choice(index, chat))
         ended = choice.fields.get("finish_reason") is not None  # by an earlier chunk
+        ending = raw.get("finish_reason") is not None  # by this one
         received, new = choice.received, ""
         for name, value in raw.items():
             if name == "index":
                 continue
             if name == "text" and not chat:
-                new += choice.add_text("text", value)
+                new += choice.add_text("text", value, ending)
             elif name == "delta" and chat:
-                new += self._add_delta(choice, _object(value, "delta"))
+                new += self._add_delta(choice, _object(value, "delta"), ending)
             elif name in _CHOICE:
                 if value is not None or name not in choice.fields:
                     choice.fields[name] = value
@@ -277,11 +297,11 @@ class Reassembly:
         return index, new
 
     @staticmethod
-    def _add_delta(choice: _Choice, delta: dict[str, Any]) -> str:
+    def _add_delta(choice: _Choice, delta: dict[str, Any], ending: bool) -> str:
         new = ""
         for name, value in delta.items():
             if name in TEXT_FIELDS:
-                new += choice.add_text(name, value)
+                new += choice.add_text(name, value, ending)
             elif name == "role":
                 choice.role = choice.role or value
             elif value is not None and value != []:  # tool calls, refusals, audio: not ours to rebuild
