@@ -194,6 +194,7 @@ def test_a_plain_stream_reassembles() -> None:
         (lambda c: [{**c[0], "object": "something.else"}, *c[1:]], "unknown kind"),
         (lambda c: [{**c[0], "choices": [{**c[0]["choices"][0], "text": 5}]}, *c[1:]], "text not text"),
         (lambda c: ["not an object", *c], "not an object"),
+        (lambda c: [{**c[0], "object": []}, *c[1:]], "a kind that is not text"),  # a TypeError escaped
     ],
 )
 def test_what_cannot_be_reassembled_with_certainty_is_refused(change: Any, reason: str) -> None:
@@ -401,6 +402,7 @@ def test_a_stream_of_the_text_so_far_is_refused_and_never_fed_to_the_detector() 
         (["The cat", "The cat sat", "The cat sat\n"], "The cat sat"),  # a stop string cut at the end
         (["ab", "ab", "abab"], ""),
         (["a"] * 15, ""),
+        (["Caf", "Caf\ufffd", "Café", "Café au"], "Café au"),  # a character shown as U+FFFD until decoded
     ],
 )
 def test_an_answer_that_may_be_the_text_so_far_is_uncertain_and_never_fed_to_the_detector(
@@ -417,6 +419,7 @@ def test_an_answer_that_may_be_the_text_so_far_is_uncertain_and_never_fed_to_the
     "pieces",
     [
         ["a"] * 40,  # one token repeated: the loop the detector is for
+        ["!"] + ["!!!!"] * 40,  # the same, a few tokens a chunk after the first (speculative decoding)
         ["The", " cat", " sat."],
         ["x", "xy", "q"],
         ["a", "a", "b"],
@@ -427,6 +430,35 @@ def test_an_answer_that_may_be_the_text_so_far_is_uncertain_and_never_fed_to_the
 def test_new_text_is_reassembled_and_fed_to_the_detector_in_order(pieces: list[str]) -> None:
     rebuilt, seen = reassemble(_pieces_stream(pieces), 1)
     assert rebuilt["choices"][0]["text"] == seen[0] == "".join(pieces)
+
+
+def _chat_stream(deltas: list[dict[str, Any]]) -> list[str]:
+    head = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+    chunks += [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": None}]})
+    return sse([*chunks, {**head, "choices": [], "usage": {"completion_tokens": len(deltas)}}])
+
+
+def test_a_chat_stream_that_restates_every_field_so_far_is_refused_and_never_fed() -> None:
+    # Each chunk repeats the reasoning so far beside the answer so far: the reasoning's repeats
+    # came with other text, so they are not a token repeated (hostile round 21: 17 copies of the
+    # reasoning reached the detector, a flag the refusal could not take back).
+    reasoning, words = "Let me think about it carefully.", [f"w{i}" for i in range(40)]
+    deltas = [{"reasoning": reasoning, "content": ""}]
+    deltas += [{"reasoning": reasoning, "content": " ".join(words[: i + 1])} for i in range(len(words))]
+    with pytest.raises(Unassemblable, match="text so far"):
+        reassemble(_chat_stream(deltas), 1)
+    assert _fed(_chat_stream(deltas)) == ""
+
+
+def test_reasoning_spelt_under_both_names_at_once_is_told_to_the_detector_once() -> None:
+    pieces = [f" step {i}." for i in range(30)]
+    rebuilt, seen = reassemble(_chat_stream([{"reasoning_content": p, "reasoning": p} for p in pieces] +
+                                            [{"content": " 42"}]), 1)  # fmt: skip
+    message = rebuilt["choices"][0]["message"]
+    assert message["reasoning_content"] == message["reasoning"] == "".join(pieces)
+    assert seen[0] == "".join(pieces) + " 42"
 
 
 def test_an_event_nested_deeper_than_pythons_stack_is_refused() -> None:

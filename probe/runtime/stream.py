@@ -115,6 +115,8 @@ class _Chain:
     last: str  # the last non-empty piece
     pieces: int = 1  # non-empty pieces
     grew: int = 0  # pieces longer than the one before
+    repeats: int = 0  # pieces the same as the one before, in a row, each the only text of its chunk
+    alongside: bool = False  # a piece the same as the one before came with another field's text
 
 
 @dataclass
@@ -128,18 +130,20 @@ class _Choice:
     new_text: set[str] = field(default_factory=set)  # the fields whose pieces are certainly new text
     received: int = 0  # characters of text received, withheld or not
 
-    def add_text(self, name: str, piece: Any, ending: bool = False) -> str:
-        """Take the next piece of field ``name`` (``ending``: in the chunk that ends the choice);
-        returns the text it tells the detector of.
+    def add_text(self, name: str, piece: Any, ending: bool = False, alone: bool = True, mirror: bool = False) -> str:
+        """Take the next piece of field ``name``; returns the text it tells the detector of.
+        ``ending``: in the chunk that ends the choice; ``alone``: the only text of its chunk;
+        ``mirror``: the same text as another field of its chunk (told once, under that one).
 
         A server that streams the text so far instead of what is new sends pieces that each
         extend the one before, or repeat it (a token with no text yet), or, at the end, cut a stop
-        string from it. New text does that only while it doubles, or while one token repeats. So
-        a field's pieces are withheld while they form such a chain, and handed on, all of them as
-        new text, once one does not, once CUMULATIVE_CHAIN of them are the same text (a token
-        repeated: the text so far would have grown), or, a single piece, when another field begins
-        or the choice ends. CUMULATIVE_CHAIN that grew are refused (the text so far); a choice
-        that ends on a shorter chain is uncertain (``body``)."""
+        string from it; a character still being decoded may show as U+FFFD meanwhile. New text
+        does that only while it doubles, or while one token repeats. So a field's pieces are
+        withheld while they form such a chain, and handed on, all of them as new text, once one
+        does not, once CUMULATIVE_CHAIN in a row are one text, each alone in its chunk (a token
+        repeated: the text so far would have stayed the same for that many tokens), or, a single
+        piece, when another field begins or the choice ends. CUMULATIVE_CHAIN that grew are
+        refused (the text so far); a choice that ends on a shorter chain is uncertain (``body``)."""
         if piece is None:
             self.texts.setdefault(name, [])
             return ""
@@ -147,23 +151,26 @@ class _Choice:
             raise Unassemblable(f"choice {self.index}: {name} is {type(piece).__name__}, not text")
         self.texts.setdefault(name, []).append(piece)
         self.received += len(piece)
-        if not piece or name in self.new_text:
-            return piece
+        if not piece or name in self.new_text or mirror:
+            return "" if mirror else piece
         chain = self.chains.get(name)
         if chain is None:
             released = self.release()  # this field begins: another's single piece goes first
             self.chains[name] = _Chain(piece)
             return released
-        last = chain.last
-        if not ((piece.startswith(last) and len(piece) >= len(last)) or (ending and last.startswith(piece))):
+        last, stem = chain.last, chain.last.rstrip("\ufffd")
+        if not ((piece.startswith(stem) and len(piece) >= len(stem)) or (ending and last.startswith(piece))):
             return self._handed_on(name)  # new text after all: never the text so far
         chain.pieces += 1
         chain.grew += len(piece) > len(last)
+        same = piece == last
+        chain.repeats = chain.repeats + 1 if same and alone else 0
+        chain.alongside |= same and not alone
         chain.last = piece
         if chain.grew >= CUMULATIVE_CHAIN:
             raise Unassemblable(f"choice {self.index}: {chain.grew} pieces of its {name} each extend the one before "
                                 "(the server streams the text so far, not what is new)")  # fmt: skip
-        if not chain.grew and chain.pieces >= CUMULATIVE_CHAIN and piece == last:
+        if chain.repeats >= CUMULATIVE_CHAIN - 1 and not chain.alongside:
             return self._handed_on(name)
         return ""
 
@@ -258,7 +265,8 @@ class Reassembly:
                     self._usage = _object(value, "usage")
             elif name != "choices" and value is not None:
                 raise Unassemblable(f"an unknown field in a chunk: {name}")
-        if self._top.get("object") not in _OBJECTS:
+        kind = self._top.get("object")
+        if not isinstance(kind, str) or kind not in _OBJECTS:
             raise Unassemblable(f"an unknown kind of chunk: {self._top.get('object')!r}")
         choices = chunk.get("choices")
         if not isinstance(choices, list):
@@ -298,10 +306,15 @@ class Reassembly:
 
     @staticmethod
     def _add_delta(choice: _Choice, delta: dict[str, Any], ending: bool) -> str:
+        # vLLM may spell its reasoning under both names at once: one text, told once.
+        mirror = bool(delta.get("reasoning")) and delta.get("reasoning") == delta.get("reasoning_content")
+        texts = [
+            n for n in TEXT_FIELDS if isinstance(delta.get(n), str) and delta[n] and not (mirror and n == "reasoning")
+        ]
         new = ""
         for name, value in delta.items():
             if name in TEXT_FIELDS:
-                new += choice.add_text(name, value, ending)
+                new += choice.add_text(name, value, ending, len(texts) <= 1, mirror and name == "reasoning")
             elif name == "role":
                 choice.role = choice.role or value
             elif value is not None and value != []:  # tool calls, refusals, audio: not ours to rebuild
