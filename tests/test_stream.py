@@ -115,22 +115,19 @@ def sse(chunks: list[Any], done: bool = True) -> list[str]:
     return lines + (["data: [DONE]\n", "\n"] if done else [])
 
 
-def chain(pieces: list[str]) -> bool:
-    """Whether the non-empty ``pieces`` (two at least, fewer than 16) each extend or repeat the one before."""
-    text = [p for p in pieces if p]
-    return len(text) > 1 and all(b.startswith(a) for a, b in itertools.pairwise(text))
-
-
-def _chained(chunks: list[dict[str, Any]]) -> bool:
-    """Whether some field of some choice of ``chunks`` came as such a chain."""
+def _maybe_so_far(chunks: list[dict[str, Any]]) -> bool:
+    """Whether some field of some choice of ``chunks`` has a non-empty piece that extends or
+    repeats the one before (a character being decoded may show as U+FFFD), as the text so far does."""
     fields: dict[tuple[int, str], list[str]] = {}
     for chunk in chunks:
         for choice in chunk["choices"]:
             texts = choice.get("delta") or {"text": choice.get("text")}
             for name, value in texts.items():
-                if isinstance(value, str):
+                if isinstance(value, str) and value:
                     fields.setdefault((choice["index"], name), []).append(value)
-    return any(chain(pieces) for pieces in fields.values())
+    return any(
+        b.startswith(a.rstrip("\ufffd") or a) for pieces in fields.values() for a, b in itertools.pairwise(pieces)
+    )
 
 
 def _said_by_vllm(response: dict[str, Any]) -> bool:
@@ -147,11 +144,15 @@ def test_any_response_streamed_as_the_server_would_reassembles_into_itself(data:
         any(c.get("message", {}).get(n) for n in ("reasoning_content", "reasoning")) for c in response["choices"]
     ]
     empty = ["message" in c and not c["message"]["content"] for c in response["choices"]]
-    if _chained(chunks):
-        # Pieces that each extend the one before may be the text so far: the answer is uncertain.
-        with pytest.raises(UncertainAnswer, match="extends or repeats the one before"):
-            reassemble(sse(chunks), len(response["choices"]))
-        return
+    try:
+        reassemble(sse(chunks), len(response["choices"]))
+    except UncertainAnswer as refused:
+        if "extends or repeats" in str(refused):
+            # Uncertain only where a piece extends or repeats the one before, as the text so far does.
+            assert _maybe_so_far(chunks)
+            return
+    except Unassemblable:
+        pass  # an empty answer: below
     if any(e and not (vllm and t) for e, t in zip(empty, thought, strict=True)):
         # An empty answer, unless vLLM says it came after reasoning (null): from vLLM with a
         # reasoning parser, or from a server that does not say it is vLLM (or SGLang), it may be
@@ -403,6 +404,9 @@ def test_a_stream_of_the_text_so_far_is_refused_and_never_fed_to_the_detector() 
         (["ab", "ab", "abab"], ""),
         (["a"] * 15, ""),
         (["Caf", "Caf\ufffd", "Café", "Café au"], "Café au"),  # a character shown as U+FFFD until decoded
+        (["The cat", "The cat sat", "The cat sat\n", "The cat sat"], ""),  # a stop string cut before the end
+        (["I", "I do", "I do n", "I don't", "I don't know."], ""),  # spaces cleaned up on the way
+        (["x", "xy", "q"], ""),  # new text, perhaps, whose second token extends the first: uncertain
     ],
 )
 def test_an_answer_that_may_be_the_text_so_far_is_uncertain_and_never_fed_to_the_detector(
@@ -421,10 +425,9 @@ def test_an_answer_that_may_be_the_text_so_far_is_uncertain_and_never_fed_to_the
         ["a"] * 40,  # one token repeated: the loop the detector is for
         ["!"] + ["!!!!"] * 40,  # the same, a few tokens a chunk after the first (speculative decoding)
         ["The", " cat", " sat."],
-        ["x", "xy", "q"],
         ["a", "a", "b"],
         ["only one piece"],
-        ["", "a", "", "ab!", "c"],
+        ["", "a", "", "ab", "c", "d"],  # two in a row that neither extend nor repeat: new text
     ],
 )
 def test_new_text_is_reassembled_and_fed_to_the_detector_in_order(pieces: list[str]) -> None:
@@ -440,16 +443,43 @@ def _chat_stream(deltas: list[dict[str, Any]]) -> list[str]:
     return sse([*chunks, {**head, "choices": [], "usage": {"completion_tokens": len(deltas)}}])
 
 
-def test_a_chat_stream_that_restates_every_field_so_far_is_refused_and_never_fed() -> None:
+@pytest.mark.parametrize("content_first", [False, True], ids=["reasoning-first", "content-first"])
+@pytest.mark.parametrize("words", [6, 40])
+def test_a_chat_stream_that_restates_every_field_so_far_is_refused_and_never_fed(
+    content_first: bool, words: int
+) -> None:
     # Each chunk repeats the reasoning so far beside the answer so far: the reasoning's repeats
     # came with other text, so they are not a token repeated (hostile round 21: 17 copies of the
-    # reasoning reached the detector, a flag the refusal could not take back).
-    reasoning, words = "Let me think about it carefully.", [f"w{i}" for i in range(40)]
-    deltas = [{"reasoning": reasoning, "content": ""}]
-    deltas += [{"reasoning": reasoning, "content": " ".join(words[: i + 1])} for i in range(len(words))]
-    with pytest.raises(Unassemblable, match="text so far"):
+    # reasoning reached the detector, a flag the refusal could not take back), and the answer
+    # going on does not end the reasoning (round 22: with content first, as vLLM orders a delta).
+    reasoning, said = "Let me think about it carefully.", [f"w{i}" for i in range(words)]
+
+    def delta(content: str) -> dict[str, str]:
+        return (
+            {"content": content, "reasoning": reasoning}
+            if content_first
+            else {"reasoning": reasoning, "content": content}
+        )
+
+    deltas = [delta("")] + [delta(" ".join(said[: i + 1])) for i in range(words)]
+    with pytest.raises(UncertainAnswer if words < 16 else Unassemblable, match="extends? (or repeats )?the one"):
         reassemble(_chat_stream(deltas), 1)
     assert _fed(_chat_stream(deltas)) == ""
+
+
+def test_the_detector_is_told_a_short_reasoning_before_the_answer_in_one_delta_content_first() -> None:
+    rebuilt, seen = reassemble(
+        _chat_stream([{"content": " 4", "reasoning": "ok"}, {"content": "2"}, {"content": "."}]), 1
+    )
+    assert rebuilt["choices"][0]["message"]["content"] == " 42." and seen[0] == "ok 42."
+
+
+def test_a_loop_of_replacement_characters_is_new_text_not_the_text_so_far() -> None:
+    # U+FFFD pieces (a server that sends undecodable bytes as they come): more of them is no
+    # more text, so they never grow a chain (round 22: refused as the text so far, unseen).
+    pieces = ["\ufffd" * (1 + i * 7 % 3) for i in range(60)]
+    rebuilt, seen = reassemble(_pieces_stream(pieces), 1)
+    assert rebuilt["choices"][0]["text"] == seen[0] == "".join(pieces)
 
 
 def test_reasoning_spelt_under_both_names_at_once_is_told_to_the_detector_once() -> None:

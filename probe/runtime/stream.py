@@ -114,9 +114,17 @@ class _Chain:
 
     last: str  # the last non-empty piece
     pieces: int = 1  # non-empty pieces
-    grew: int = 0  # pieces longer than the one before
+    grew: int = 0  # pieces that extend the one before and are longer
+    missed: int = 0  # pieces that neither extend nor repeat the one before (a revision, or new text)
     repeats: int = 0  # pieces the same as the one before, in a row, each the only text of its chunk
+    recent_miss: bool = False  # the last piece missed
     alongside: bool = False  # a piece the same as the one before came with another field's text
+
+    @property
+    def new_text(self) -> bool:
+        """Whether the pieces so far can only be new text: a single piece (the same either way),
+        or pieces of which none grew and some differ (the text so far grows, or stays the same)."""
+        return self.pieces == 1 or (not self.grew and self.missed > 0)
 
 
 @dataclass
@@ -128,6 +136,7 @@ class _Choice:
     fields: dict[str, Any] = field(default_factory=dict)
     chains: dict[str, _Chain] = field(default_factory=dict)  # the fields that may be the text so far
     new_text: set[str] = field(default_factory=set)  # the fields whose pieces are certainly new text
+    touched: set[str] = field(default_factory=set)  # the withheld fields the current chunk added to
     received: int = 0  # characters of text received, withheld or not
 
     def add_text(self, name: str, piece: Any, ending: bool = False, alone: bool = True, mirror: bool = False) -> str:
@@ -136,14 +145,16 @@ class _Choice:
         ``mirror``: the same text as another field of its chunk (told once, under that one).
 
         A server that streams the text so far instead of what is new sends pieces that each
-        extend the one before, or repeat it (a token with no text yet), or, at the end, cut a stop
-        string from it; a character still being decoded may show as U+FFFD meanwhile. New text
-        does that only while it doubles, or while one token repeats. So a field's pieces are
-        withheld while they form such a chain, and handed on, all of them as new text, once one
-        does not, once CUMULATIVE_CHAIN in a row are one text, each alone in its chunk (a token
-        repeated: the text so far would have stayed the same for that many tokens), or, a single
-        piece, when another field begins or the choice ends. CUMULATIVE_CHAIN that grew are
-        refused (the text so far); a choice that ends on a shorter chain is uncertain (``body``)."""
+        extend the one before, or repeat it (a token with no text yet), now and then revise its
+        end (a stop string cut, spaces cleaned up), and may show a character still being decoded
+        as U+FFFD. New text does that only while it doubles, or while one token repeats. So a
+        field's pieces are withheld while they may be the text so far, and handed on, all of them
+        as new text, once two in a row, and more than grew, neither extend nor repeat the one
+        before; once CUMULATIVE_CHAIN in a row are one text, each alone in its chunk (a token
+        repeated: the text so far would have stayed the same for that many tokens); or, when the
+        pieces so far can only be new text (``_Chain.new_text``), as another field goes on without
+        this one (``settle``) or the choice ends (``finish``). CUMULATIVE_CHAIN that grew are
+        refused (the text so far); a choice that ends on a chain that may be is uncertain (``body``)."""
         if piece is None:
             self.texts.setdefault(name, [])
             return ""
@@ -153,16 +164,22 @@ class _Choice:
         self.received += len(piece)
         if not piece or name in self.new_text or mirror:
             return "" if mirror else piece
+        self.touched.add(name)
         chain = self.chains.get(name)
         if chain is None:
-            released = self.release()  # this field begins: another's single piece goes first
             self.chains[name] = _Chain(piece)
-            return released
-        last, stem = chain.last, chain.last.rstrip("\ufffd")
-        if not ((piece.startswith(stem) and len(piece) >= len(stem)) or (ending and last.startswith(piece))):
-            return self._handed_on(name)  # new text after all: never the text so far
+            return ""
+        last = chain.last
+        decoded = last.rstrip("\ufffd")  # a character being decoded may show as U+FFFD meanwhile
         chain.pieces += 1
-        chain.grew += len(piece) > len(last)
+        if piece.startswith(decoded or last) or (ending and last.startswith(piece)):
+            chain.grew += len(piece.rstrip("\ufffd")) > len(decoded)  # more text, not more U+FFFD
+            chain.recent_miss = False
+        else:
+            chain.missed += 1
+            if chain.recent_miss and chain.missed > chain.grew:
+                return self._handed_on(name)  # new text: never the text so far
+            chain.recent_miss = True
         same = piece == last
         chain.repeats = chain.repeats + 1 if same and alone else 0
         chain.alongside |= same and not alone
@@ -180,10 +197,19 @@ class _Choice:
         self.new_text.add(name)
         return self.joined(name) or ""
 
-    def release(self) -> str:
-        """The fields withheld after a single piece, handed on (one piece is the same either way)."""
-        single = [name for name, chain in self.chains.items() if chain.pieces == 1]
-        return "".join(self._handed_on(name) for name in single)
+    def settle(self) -> str:
+        """At the end of a chunk: a withheld field that can only be new text is handed on when
+        another went on in this chunk without it (a field is over when the next goes on)."""
+        touched, self.touched = self.touched, set()
+        went_on = any(name in self.new_text or self.chains[name].pieces > 1 for name in touched)
+        if not went_on:
+            return ""
+        over = [n for n, chain in self.chains.items() if n not in touched and chain.new_text]
+        return "".join(self._handed_on(name) for name in over)
+
+    def finish(self) -> str:
+        """At the choice's end: every withheld field that can only be new text, handed on."""
+        return "".join(self._handed_on(name) for name in [n for n, c in self.chains.items() if c.new_text])
 
     def joined(self, name: str) -> str | None:
         pieces = self.texts.get(name)
@@ -300,8 +326,9 @@ class Reassembly:
                 raise Unassemblable(f"choice {index} carries an unknown field: {name}")
         if ended and choice.received > received:
             raise Unassemblable(f"choice {index} has text after its end")
+        new += choice.settle()
         if not ended and choice.fields.get("finish_reason") is not None:
-            new += choice.release()
+            new += choice.finish()
         return index, new
 
     @staticmethod
