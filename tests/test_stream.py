@@ -462,7 +462,7 @@ def test_a_chat_stream_that_restates_every_field_so_far_is_refused_and_never_fed
         )
 
     deltas = [delta("")] + [delta(" ".join(said[: i + 1])) for i in range(words)]
-    with pytest.raises(UncertainAnswer if words < 16 else Unassemblable, match="extends? (or repeats )?the one"):
+    with pytest.raises(UncertainAnswer if words < 16 else Unassemblable, match=r"extends? (or repeats )?the one"):
         reassemble(_chat_stream(deltas), 1)
     assert _fed(_chat_stream(deltas)) == ""
 
