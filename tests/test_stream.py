@@ -404,9 +404,14 @@ def test_a_stream_of_the_text_so_far_is_refused_and_never_fed_to_the_detector() 
         (["ab", "ab", "abab"], ""),
         (["a"] * 15, ""),
         (["Caf", "Caf\ufffd", "Café", "Café au"], "Café au"),  # a character shown as U+FFFD until decoded
+        # Round 23: revised before growing, or a first character still being decoded.
+        (["42\n", "42"], ""),
+        (["I do n", "I don't"], ""),
+        (["I do n"], "I don't"),
+        (["\ufffd", "是"], ""),
+        (["\ufffd", "\ufffd", "😀"], ""),
         (["The cat", "The cat sat", "The cat sat\n", "The cat sat"], ""),  # a stop string cut before the end
         (["I", "I do", "I do n", "I don't", "I don't know."], ""),  # spaces cleaned up on the way
-        (["x", "xy", "q"], ""),  # new text, perhaps, whose second token extends the first: uncertain
     ],
 )
 def test_an_answer_that_may_be_the_text_so_far_is_uncertain_and_never_fed_to_the_detector(
@@ -423,9 +428,12 @@ def test_an_answer_that_may_be_the_text_so_far_is_uncertain_and_never_fed_to_the
     "pieces",
     [
         ["a"] * 40,  # one token repeated: the loop the detector is for
+        ["!!", "!"] * 20,  # the same, as many tokens a chunk as were accepted (speculative decoding)
+        ["!", "!!!", "!!", "!!!!", "!"] * 8,
         ["!"] + ["!!!!"] * 40,  # the same, a few tokens a chunk after the first (speculative decoding)
         ["The", " cat", " sat."],
         ["a", "a", "b"],
+        ["x", "xy", "q"],
         ["only one piece"],
         ["", "a", "", "ab", "c", "d"],  # two in a row that neither extend nor repeat: new text
     ],
@@ -474,21 +482,52 @@ def test_the_detector_is_told_a_short_reasoning_before_the_answer_in_one_delta_c
     assert rebuilt["choices"][0]["message"]["content"] == " 42." and seen[0] == "ok 42."
 
 
-def test_a_loop_of_replacement_characters_is_new_text_not_the_text_so_far() -> None:
+def test_a_loop_of_replacement_characters_is_never_taken_for_the_text_so_far() -> None:
     # U+FFFD pieces (a server that sends undecodable bytes as they come): more of them is no
-    # more text, so they never grow a chain (round 22: refused as the text so far, unseen).
+    # more text, so they never grow a chain (round 22: refused as the text so far, and the
+    # server then streamed no more). What they are cannot be told: this answer falls back.
     pieces = ["\ufffd" * (1 + i * 7 % 3) for i in range(60)]
-    rebuilt, seen = reassemble(_pieces_stream(pieces), 1)
-    assert rebuilt["choices"][0]["text"] == seen[0] == "".join(pieces)
+    with pytest.raises(UncertainAnswer):
+        reassemble(_pieces_stream(pieces), 1)
 
 
 def test_reasoning_spelt_under_both_names_at_once_is_told_to_the_detector_once() -> None:
-    pieces = [f" step {i}." for i in range(30)]
+    pieces = [
+        f" {word}"
+        for word in ["first", "we", "add", "the", "two", "numbers", "then", "we", "check", "the", "sum", "twice"]
+    ]
     rebuilt, seen = reassemble(_chat_stream([{"reasoning_content": p, "reasoning": p} for p in pieces] +
                                             [{"content": " 42"}]), 1)  # fmt: skip
     message = rebuilt["choices"][0]["message"]
     assert message["reasoning_content"] == message["reasoning"] == "".join(pieces)
     assert seen[0] == "".join(pieces) + " 42"
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["I do n", "I don't think it does n", "I don't think it doesn't matter"],  # two revisions first
+        ["\ufffd", "🤔 I do n", "🤔 I don't"],  # a character being decoded, then a revision
+    ],
+)
+def test_a_long_text_so_far_revised_at_its_start_is_refused_and_never_fed(pieces: list[str]) -> None:
+    # Round 23: two pieces in a row that did not extend the one before let the prefixes through.
+    lines = _pieces_stream(pieces + [pieces[-1] + " w" * i for i in range(1, 30)])
+    with pytest.raises(Unassemblable, match="text so far"):
+        reassemble(lines, 1)
+    assert _fed(lines) == ""
+
+
+def test_reasoning_spelt_under_both_names_in_some_deltas_only_is_told_once() -> None:
+    deltas = [{"reasoning_content": "Let me", "reasoning": "Let me"}, {"reasoning": " think"}, {"reasoning": " about"},
+              {"reasoning": " it."}, {"content": " 42"}]  # fmt: skip
+    assert _fed(_chat_stream(deltas)) == "Let me think about it. 42"
+
+
+def test_a_character_split_into_lone_surrogates_is_refused() -> None:
+    # A gateway slicing by UTF-16 index sends the halves of one character apart (round 23).
+    with pytest.raises(Unassemblable, match="surrogate"):
+        reassemble(_pieces_stream(["Hi \ud83d", "\ude00!"]), 1)
 
 
 def test_an_event_nested_deeper_than_pythons_stack_is_refused() -> None:

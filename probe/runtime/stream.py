@@ -109,22 +109,30 @@ class EventLines:
 
 @dataclass
 class _Chain:
-    """A text field whose pieces so far each extend or repeat the one before, as the text so
-    far would (``_Choice.add_text``)."""
+    """A text field whose pieces so far may be the text so far (``_Choice.add_text``)."""
 
     last: str  # the last non-empty piece
     pieces: int = 1  # non-empty pieces
-    grew: int = 0  # pieces that extend the one before and are longer
-    missed: int = 0  # pieces that neither extend nor repeat the one before (a revision, or new text)
+    grew: int = 0  # pieces that added text to the one before, since the last that shrank
+    shrank: int = 0  # pieces that were a part of the one before, outside the chunk ending the choice
     repeats: int = 0  # pieces the same as the one before, in a row, each the only text of its chunk
-    recent_miss: bool = False  # the last piece missed
     alongside: bool = False  # a piece the same as the one before came with another field's text
 
-    @property
-    def new_text(self) -> bool:
-        """Whether the pieces so far can only be new text: a single piece (the same either way),
-        or pieces of which none grew and some differ (the text so far grows, or stays the same)."""
-        return self.pieces == 1 or (not self.grew and self.missed > 0)
+
+def _step(last: str, piece: str, ending: bool) -> str:
+    """How ``piece`` follows ``last``, read as the text so far: "grew" (the same text and more),
+    "same", "kept" (its end revised: a character decoded, a stop string cut at the end, spaces
+    cleaned up, most of it kept), "shrank" (a part of it, not at the end), or "new" (neither:
+    new text, never the text so far)."""
+    decoded = last.rstrip("\ufffd")  # a character still being decoded may show as U+FFFD
+    if piece.startswith(decoded):
+        if piece == last:
+            return "same"
+        return "grew" if len(piece.rstrip("\ufffd")) > len(decoded) else "kept"
+    if last.startswith(piece):
+        return "kept" if ending else "shrank"
+    kept = next((i for i, (a, b) in enumerate(zip(decoded, piece, strict=False)) if a != b), len(piece))
+    return "kept" if kept and 2 * kept >= len(decoded) else "new"
 
 
 @dataclass
@@ -137,6 +145,7 @@ class _Choice:
     chains: dict[str, _Chain] = field(default_factory=dict)  # the fields that may be the text so far
     new_text: set[str] = field(default_factory=set)  # the fields whose pieces are certainly new text
     touched: set[str] = field(default_factory=set)  # the withheld fields the current chunk added to
+    told: dict[str, list[str]] = field(default_factory=dict)  # the pieces the detector is told of, per field
     received: int = 0  # characters of text received, withheld or not
 
     def add_text(self, name: str, piece: Any, ending: bool = False, alone: bool = True, mirror: bool = False) -> str:
@@ -146,15 +155,15 @@ class _Choice:
 
         A server that streams the text so far instead of what is new sends pieces that each
         extend the one before, or repeat it (a token with no text yet), now and then revise its
-        end (a stop string cut, spaces cleaned up), and may show a character still being decoded
-        as U+FFFD. New text does that only while it doubles, or while one token repeats. So a
-        field's pieces are withheld while they may be the text so far, and handed on, all of them
-        as new text, once two in a row, and more than grew, neither extend nor repeat the one
-        before; once CUMULATIVE_CHAIN in a row are one text, each alone in its chunk (a token
-        repeated: the text so far would have stayed the same for that many tokens); or, when the
-        pieces so far can only be new text (``_Chain.new_text``), as another field goes on without
-        this one (``settle``) or the choice ends (``finish``). CUMULATIVE_CHAIN that grew are
-        refused (the text so far); a choice that ends on a chain that may be is uncertain (``body``)."""
+        end (a character decoded, spaces cleaned up, a stop string cut), and shrink once at most.
+        New text does that only while it doubles, or while one token repeats. So a field's pieces
+        are withheld while they may be the text so far (``_step``), and handed on, all of them as
+        new text, once one is new, once a second shrinks, once CUMULATIVE_CHAIN in a row are one
+        text, each alone in its chunk (a token repeated: the text so far would have stayed the
+        same for that many tokens), or, a single piece, as another field goes on without it
+        (``settle``) or the choice ends (``finish``). CUMULATIVE_CHAIN that grew since the last
+        shrink are refused (the text so far); a choice that ends on a longer chain is uncertain.
+        """
         if piece is None:
             self.texts.setdefault(name, [])
             return ""
@@ -162,54 +171,58 @@ class _Choice:
             raise Unassemblable(f"choice {self.index}: {name} is {type(piece).__name__}, not text")
         self.texts.setdefault(name, []).append(piece)
         self.received += len(piece)
-        if not piece or name in self.new_text or mirror:
-            return "" if mirror else piece
+        if mirror:
+            return ""
+        self.told.setdefault(name, []).append(piece)
+        if not piece or name in self.new_text:
+            return piece
         self.touched.add(name)
         chain = self.chains.get(name)
         if chain is None:
             self.chains[name] = _Chain(piece)
             return ""
-        last = chain.last
-        decoded = last.rstrip("\ufffd")  # a character being decoded may show as U+FFFD meanwhile
+        step = _step(chain.last, piece, ending)
         chain.pieces += 1
-        if piece.startswith(decoded or last) or (ending and last.startswith(piece)):
-            chain.grew += len(piece.rstrip("\ufffd")) > len(decoded)  # more text, not more U+FFFD
-            chain.recent_miss = False
-        else:
-            chain.missed += 1
-            if chain.recent_miss and chain.missed > chain.grew:
-                return self._handed_on(name)  # new text: never the text so far
-            chain.recent_miss = True
-        same = piece == last
-        chain.repeats = chain.repeats + 1 if same and alone else 0
-        chain.alongside |= same and not alone
+        chain.grew = chain.grew + 1 if step == "grew" else 0 if step == "shrank" else chain.grew
+        chain.shrank += step == "shrank"
+        chain.repeats = chain.repeats + 1 if step == "same" and alone else 0
+        chain.alongside |= step == "same" and not alone
         chain.last = piece
+        # The text so far shrinks once at most (a stop string cut before the last chunk).
+        if step == "new" or chain.shrank > 1:
+            return self._over(name) + self._handed_on(name)
         if chain.grew >= CUMULATIVE_CHAIN:
-            raise Unassemblable(f"choice {self.index}: {chain.grew} pieces of its {name} each extend the one before "
-                                "(the server streams the text so far, not what is new)")  # fmt: skip
+            raise Unassemblable(f"choice {self.index}: {chain.grew} pieces of its {name} in a row each extend the one "
+                                "before (the server streams the text so far, not what is new)")  # fmt: skip
         if chain.repeats >= CUMULATIVE_CHAIN - 1 and not chain.alongside:
-            return self._handed_on(name)
+            return self._over(name) + self._handed_on(name)  # a token repeated: the text so far would not
         return ""
 
     def _handed_on(self, name: str) -> str:
         """Field ``name`` is new text: every piece so far, handed on."""
         del self.chains[name]
         self.new_text.add(name)
-        return self.joined(name) or ""
+        return "".join(self.told.get(name, ()))
+
+    def _over(self, going_on: str) -> str:
+        """The fields withheld after a single piece that this chunk has not added to, handed on
+        before ``going_on``'s text: a field is over when the next goes on."""
+        over = [n for n, chain in self.chains.items() if n != going_on and n not in self.touched and chain.pieces == 1]
+        return "".join(self._handed_on(name) for name in over)
 
     def settle(self) -> str:
-        """At the end of a chunk: a withheld field that can only be new text is handed on when
-        another went on in this chunk without it (a field is over when the next goes on)."""
+        """At the end of a chunk: a field withheld after a single piece (the same either way) is
+        handed on when another went on in this chunk without it (a field is over when the next goes on)."""
         touched, self.touched = self.touched, set()
         went_on = any(name in self.new_text or self.chains[name].pieces > 1 for name in touched)
         if not went_on:
             return ""
-        over = [n for n, chain in self.chains.items() if n not in touched and chain.new_text]
+        over = [n for n, chain in self.chains.items() if n not in touched and chain.pieces == 1]
         return "".join(self._handed_on(name) for name in over)
 
     def finish(self) -> str:
-        """At the choice's end: every withheld field that can only be new text, handed on."""
-        return "".join(self._handed_on(name) for name in [n for n, c in self.chains.items() if c.new_text])
+        """At the choice's end: every field withheld after a single piece, handed on."""
+        return "".join(self._handed_on(name) for name in [n for n, c in self.chains.items() if c.pieces == 1])
 
     def joined(self, name: str) -> str | None:
         pieces = self.texts.get(name)
@@ -241,6 +254,8 @@ class _Choice:
             name = next(iter(self.chains))
             raise UncertainAnswer(f"choice {self.index}: each piece of its {name} extends or repeats the one "
                                   "before, as the text so far would: what is new cannot be told")  # fmt: skip
+        if any(not "".join(pieces).isascii() and _split_surrogate("".join(pieces)) for pieces in self.texts.values()):
+            raise Unassemblable(f"choice {self.index}: a character split across chunks (a lone surrogate)")
         body: dict[str, Any] = {"index": self.index}
         if self.chat:
             body["message"] = self.message()
@@ -369,6 +384,15 @@ class Reassembly:
         response["choices"] = [self._choices[i].body() for i in range(self.n_choices)]
         response["usage"] = self._usage
         return response
+
+
+def _split_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (the halves of one character sent apart)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
