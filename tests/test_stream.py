@@ -518,6 +518,25 @@ def test_a_long_text_so_far_revised_at_its_start_is_refused_and_never_fed(pieces
     assert _fed(lines) == ""
 
 
+def test_a_gateway_that_splits_reasoning_from_answer_anew_each_time_is_not_taken_for_new_text() -> None:
+    # Round 24: the text so far parsed whole at each step: until </think>, all of it is content;
+    # then the reasoning moves out and the content starts afresh, a step that looked new.
+    thought, answer = "\nEasy.\n", "\n\nThe answer is B."
+    content = ["<think>", "<think>\n", "<think>\nEasy", "<think>\nEasy.", "<think>\nEasy.\n"]
+    deltas = [{"content": c} for c in content] + [{"reasoning_content": thought, "content": answer[:5]}]
+    deltas += [{"content": answer[:i]} for i in range(6, len(answer) + 1, 3)]
+    with pytest.raises(UncertainAnswer):
+        reassemble(_chat_stream(deltas), 1)
+
+
+def test_a_choice_ending_with_its_reasoning_and_answer_in_one_chunk_is_told_reasoning_first() -> None:
+    head = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    ending = {"index": 0, "delta": {"content": "B", "reasoning": "Easy."}, "finish_reason": "stop", "stop_reason": None}
+    lines = sse([{**head, "choices": [ending]}, {**head, "choices": [], "usage": {"completion_tokens": 3}}])
+    rebuilt, seen = reassemble(lines, 1)
+    assert rebuilt["choices"][0]["message"]["content"] == "B" and seen[0] == "Easy.B"
+
+
 def test_reasoning_spelt_under_both_names_in_some_deltas_only_is_told_once() -> None:
     deltas = [{"reasoning_content": "Let me", "reasoning": "Let me"}, {"reasoning": " think"}, {"reasoning": " about"},
               {"reasoning": " it."}, {"content": " 42"}]  # fmt: skip

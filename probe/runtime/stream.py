@@ -24,6 +24,7 @@ DONE = "[DONE]"
 # The message fields a chat delta spells out in pieces, joined in order.
 TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
+_TOLD_ORDER = (*REASONING_FIELDS, "content", "text")  # the order the detector is told a choice's fields
 # Fields of a response, of a choice and of a delta that the reassembly knows. A field it
 # does not know is accepted only while it is null: anything else might be lost.
 _TOP = ("id", "object", "created", "model", "system_fingerprint", "service_tier")
@@ -182,6 +183,10 @@ class _Choice:
             self.chains[name] = _Chain(piece)
             return ""
         step = _step(chain.last, piece, ending)
+        if step == "new" and chain.grew > 1:
+            # After pieces that grew as the text so far does, a rewrite of it (a gateway that
+            # splits its reasoning from its answer anew each time), not the proof of new text.
+            step = "kept"
         chain.pieces += 1
         chain.grew = chain.grew + 1 if step == "grew" else 0 if step == "shrank" else chain.grew
         chain.shrank += step == "shrank"
@@ -208,7 +213,7 @@ class _Choice:
         """The fields withheld after a single piece that this chunk has not added to, handed on
         before ``going_on``'s text: a field is over when the next goes on."""
         over = [n for n, chain in self.chains.items() if n != going_on and n not in self.touched and chain.pieces == 1]
-        return "".join(self._handed_on(name) for name in over)
+        return self._hand_on(over)
 
     def settle(self) -> str:
         """At the end of a chunk: a field withheld after a single piece (the same either way) is
@@ -218,11 +223,15 @@ class _Choice:
         if not went_on:
             return ""
         over = [n for n, chain in self.chains.items() if n not in touched and chain.pieces == 1]
-        return "".join(self._handed_on(name) for name in over)
+        return self._hand_on(over)
 
     def finish(self) -> str:
         """At the choice's end: every field withheld after a single piece, handed on."""
-        return "".join(self._handed_on(name) for name in [n for n, c in self.chains.items() if c.pieces == 1])
+        return self._hand_on([n for n, c in self.chains.items() if c.pieces == 1])
+
+    def _hand_on(self, names: list[str]) -> str:
+        """Fields ``names`` handed on, in the order a message says them: reasoning, then answer."""
+        return "".join(self._handed_on(name) for name in sorted(names, key=_TOLD_ORDER.index))
 
     def joined(self, name: str) -> str | None:
         pieces = self.texts.get(name)
