@@ -188,19 +188,22 @@ class _Choice:
             # splits its reasoning from its answer anew each time), not the proof of new text.
             step = "kept"
         chain.pieces += 1
-        chain.grew = chain.grew + 1 if step == "grew" else 0 if step == "shrank" else chain.grew
-        chain.shrank += step == "shrank"
+        if step == "grew":
+            chain.grew += 1
+        elif step == "shrank":
+            chain.grew = 0
+            chain.shrank += 1
         chain.repeats = chain.repeats + 1 if step == "same" and alone else 0
         chain.alongside |= step == "same" and not alone
         chain.last = piece
         # The text so far shrinks once at most (a stop string cut before the last chunk).
         if step == "new" or chain.shrank > 1:
-            return self._over(name) + self._handed_on(name)
+            return self._singles_over(self.touched) + self._handed_on(name)
         if chain.grew >= CUMULATIVE_CHAIN:
             raise Unassemblable(f"choice {self.index}: {chain.grew} pieces of its {name} in a row each extend the one "
                                 "before (the server streams the text so far, not what is new)")  # fmt: skip
         if chain.repeats >= CUMULATIVE_CHAIN - 1 and not chain.alongside:
-            return self._over(name) + self._handed_on(name)  # a token repeated: the text so far would not
+            return self._singles_over(self.touched) + self._handed_on(name)  # a token repeated
         return ""
 
     def _handed_on(self, name: str) -> str:
@@ -209,29 +212,22 @@ class _Choice:
         self.new_text.add(name)
         return "".join(self.told.get(name, ()))
 
-    def _over(self, going_on: str) -> str:
-        """The fields withheld after a single piece that this chunk has not added to, handed on
-        before ``going_on``'s text: a field is over when the next goes on."""
-        over = [n for n, chain in self.chains.items() if n != going_on and n not in self.touched and chain.pieces == 1]
-        return self._hand_on(over)
+    def _singles_over(self, going_on: set[str]) -> str:
+        """The fields withheld after a single piece (the same either way) that are not among
+        ``going_on``, handed on, reasoning first: a field is over when the next goes on."""
+        over = [n for n, chain in self.chains.items() if n not in going_on and chain.pieces == 1]
+        return "".join(self._handed_on(name) for name in sorted(over, key=_TOLD_ORDER.index))
 
     def settle(self) -> str:
-        """At the end of a chunk: a field withheld after a single piece (the same either way) is
-        handed on when another went on in this chunk without it (a field is over when the next goes on)."""
+        """At the end of a chunk: the single pieces of fields this chunk did not add to, handed
+        on when a field it added to went on (has more than its first piece)."""
         touched, self.touched = self.touched, set()
         went_on = any(name in self.new_text or self.chains[name].pieces > 1 for name in touched)
-        if not went_on:
-            return ""
-        over = [n for n, chain in self.chains.items() if n not in touched and chain.pieces == 1]
-        return self._hand_on(over)
+        return self._singles_over(touched) if went_on else ""
 
     def finish(self) -> str:
         """At the choice's end: every field withheld after a single piece, handed on."""
-        return self._hand_on([n for n, c in self.chains.items() if c.pieces == 1])
-
-    def _hand_on(self, names: list[str]) -> str:
-        """Fields ``names`` handed on, in the order a message says them: reasoning, then answer."""
-        return "".join(self._handed_on(name) for name in sorted(names, key=_TOLD_ORDER.index))
+        return self._singles_over(set())
 
     def joined(self, name: str) -> str | None:
         pieces = self.texts.get(name)
@@ -263,7 +259,7 @@ class _Choice:
             name = next(iter(self.chains))
             raise UncertainAnswer(f"choice {self.index}: each piece of its {name} extends or repeats the one "
                                   "before, as the text so far would: what is new cannot be told")  # fmt: skip
-        if any(not "".join(pieces).isascii() and _split_surrogate("".join(pieces)) for pieces in self.texts.values()):
+        if any(_split_surrogate(self.joined(name) or "") for name in self.texts):
             raise Unassemblable(f"choice {self.index}: a character split across chunks (a lone surrogate)")
         body: dict[str, Any] = {"index": self.index}
         if self.chat:
@@ -317,7 +313,7 @@ class Reassembly:
                 raise Unassemblable(f"an unknown field in a chunk: {name}")
         kind = self._top.get("object")
         if not isinstance(kind, str) or kind not in _OBJECTS:
-            raise Unassemblable(f"an unknown kind of chunk: {self._top.get('object')!r}")
+            raise Unassemblable(f"an unknown kind of chunk: {kind!r}")
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             raise Unassemblable("a chunk without a list of choices")
