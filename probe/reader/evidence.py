@@ -8,7 +8,7 @@ from typing import Any
 
 from probe.reader.documents import Unreadable
 from probe.runtime.contract import EVIDENCE_KEY, SCHEMA_VERSION
-from probe.runtime.sidecar import finite_throughout
+from probe.runtime.sidecar import finite_throughout, is_count
 
 # Above this share of cut-off generations a score carries a caveat (--max-cap-rate).
 DEFAULT_MAX_CAP_RATE = 0.05
@@ -70,11 +70,11 @@ def _figures_problem(figures: Any) -> str | None:
         return "is not an object with a 'tripped' flag"
     for name in _COUNTS:
         value = figures.get(name)
-        if type(value) is not int or value < 0:
+        if not is_count(value):
             return f"has no count {name!r}"
     for name in ("causes", "finish_reasons"):
         counts = figures.get(name)
-        if not isinstance(counts, dict) or any(type(v) is not int or v < 0 for v in counts.values()):
+        if not isinstance(counts, dict) or not all(map(is_count, counts.values())):
             return f"has no counts {name!r}"
     caps = figures.get("max_tokens")
     if not isinstance(caps, list) or any(type(m) is not int for m in caps):
@@ -104,7 +104,7 @@ def _parts_problem(figures: dict[str, Any]) -> str | None:
     stops = min(reasons.get("stop", 0), causes.get("output_cap", 0))
     for name, most in (("stop_at_cap", stops), ("below_min_max_tokens", observed)):
         value = figures.get(name, 0)
-        if type(value) is not int or not 0 <= value <= most:
+        if not is_count(value) or value > most:
             return f"has a count {name!r} that is not within its observations: the evidence contradicts itself"
     return None
 
@@ -125,9 +125,9 @@ def _flagged_problem(figures: dict[str, Any]) -> str | None:
     if "flagged" not in figures and "flagged_endings" not in figures:
         return None
     flagged, endings = figures.get("flagged"), figures.get("flagged_endings")
-    if type(flagged) is not int or flagged < 0:
+    if not is_count(flagged):
         return "has no count 'flagged'"
-    if not isinstance(endings, dict) or any(type(v) is not int or v < 0 for v in endings.values()):
+    if not isinstance(endings, dict) or not all(map(is_count, endings.values())):
         return "has no counts 'flagged_endings'"
     if sum(endings.values()) > flagged:
         return "records the endings of more flagged generations than were flagged: the evidence contradicts itself"
@@ -145,7 +145,7 @@ def _watched_problem(figures: dict[str, Any]) -> str | None:
     if "watched" not in figures:
         return None
     watched = figures["watched"]
-    if type(watched) is not int or watched < 0:
+    if not is_count(watched):
         return "has no count 'watched'"
     ended_flagged = sum((figures.get("flagged_endings") or {}).values())
     if not ended_flagged <= watched <= figures["observations"]:

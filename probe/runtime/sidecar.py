@@ -291,13 +291,18 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
     return None
 
 
+def is_count(value: Any) -> bool:
+    """Whether ``value`` (parsed JSON) is a count: an integer, not a boolean, not negative."""
+    return type(value) is int and value >= 0
+
+
 def _counts_problem(record: Mapping[str, Any]) -> str | None:
     """The trip's counts as the rule keeps them (``Tally``): the pathological among the
     observations, and a finish reason for each observation that ended (a flagged one may not have)."""
     observed, reasons = record["observations"], record["finish_reasons"]
     if not 0 <= record["pathological"] <= observed:
         return "a trip record whose 'pathological' is not a count within its 'observations'"
-    if any(type(n) is not int or n < 0 for n in reasons.values()) or sum(reasons.values()) > observed:
+    if not all(map(is_count, reasons.values())) or sum(reasons.values()) > observed:
         return "a trip record whose 'finish_reasons' are not counts within its 'observations'"
     return None
 
@@ -306,7 +311,7 @@ def _final_problem(final: Mapping[str, Any]) -> str | None:
     """What the run then blanked (``final``, written at its end): counts, those cancelled in
     flight among those answered blank."""
     counts = [final.get(name, 0) for name in ("short_circuited_requests", "cancelled_in_flight")]
-    if any(type(n) is not int or n < 0 for n in counts) or counts[1] > counts[0]:
+    if not all(map(is_count, counts)) or counts[1] > counts[0]:
         return ("a sidecar whose 'final' counts are not counts, or count more requests cancelled in flight "
                 "than answered blank")  # fmt: skip
     return None
@@ -321,7 +326,7 @@ def _optional_fields_problem(record: Mapping[str, Any]) -> str | None:
         return "a trip record whose 'cause' is neither null nor a string"
     if "flagged" in record:
         flagged = record["flagged"]
-        if type(flagged) is not int or not 0 <= flagged <= record["pathological"]:
+        if not is_count(flagged) or flagged > record["pathological"]:
             return "a trip record whose 'flagged' is not a count within its 'pathological' observations"
     return None
 
