@@ -96,11 +96,34 @@ title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas
 # the client to read its first text while vLLM is still generating, and with a second engine
 # spinning on the other core the client read it only once vLLM had made every token (4 of 6
 # runs side by side, at 1,900 and at 8,000 tokens; 0 of 2 alone).
+# The others in two lanes side by side, a pytest run each, each on a core of its own (as
+# tests/conftest.py holds an xdist worker's), sharing the tiny Llamas they build: the files' module
+# fixtures (vLLM servers, a Ray cluster, a shared unprobed run) start once, and the lanes take
+# about as long. pytest-xdist's --dist loadfile left one worker with test_vllm_offline.py (836 s)
+# while the other's files took 700; its --dist loadgroup does not group under pytest 9.2.
+# Lane a: the files below (the in-process engine's partial outputs, then the replicas: about
+# 420 + 330 s on a clean clone); lane b: every other vLLM test (test_vllm_offline_start.py,
+# test_stream_vllm.py, test_vllm_e2e.py: about 355 + 200 + 175 s), so that no new file is left out.
+lane_a=(tests/test_vllm_offline.py tests/test_vllm_replicas.py)
 pass_0413_vllm() {
-    local status=0
-    local -x LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
-    pytest_in .venv "${workers[@]}" -m "vllm and not hf and not alone" || status=$?
+    local status=0 other=0 lane_b cores
+    local -x LM_EVAL_PROBE_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" LM_EVAL_PROBE_TINY_LLAMAS
+    read -r -a cores <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+    LM_EVAL_PROBE_TINY_LLAMAS="$(mktemp -d)"
+    lane_b="$(mktemp)"
+    OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND="${cores[1]:-${cores[0]}}" \
+        pytest_in .venv -m "vllm and not hf and not alone" "${lane_a[@]/#/--ignore=}" >"$lane_b" 2>&1 &
+    local b=$!
+    echo "-- lane a: ${lane_a[*]} (lane b, every other vLLM test, is shown when it is done)"
+    OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND="${cores[0]}" \
+        pytest_in .venv -m "vllm and not hf and not alone" "${lane_a[@]}" || status=$?
+    wait "$b" || other=$?
+    echo "-- lane b: every other vLLM test"
+    cat "$lane_b"
+    rm -f "$lane_b"
+    [ "$other" = 0 ] || status="$other"
     pytest_in .venv -m "vllm and not hf and alone" || status=$?
+    rm -rf "$LM_EVAL_PROBE_TINY_LLAMAS"
     return "$status"
 }
 passes=(inferencex_flow inferencex 0492 0412 0413 0413_hf 0413_vllm)

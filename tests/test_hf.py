@@ -32,10 +32,8 @@ KNOBS = {contract.ENV_MIN_MAX_TOKENS: "0"}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("models")
-    for variant in ("never_stop", "stops", "echo"):
-        tiny_llama(root / variant, variant)
-    return root
+    built = [tiny_llama(variant, tmp_path_factory) for variant in ("never_stop", "stops", "echo")]
+    return built[0].parent  # they share it
 
 
 @pytest.fixture(scope="module")

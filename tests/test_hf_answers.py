@@ -26,7 +26,7 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def echo_lm(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return echo_hflm(tmp_path_factory.mktemp("models") / "echo")
+    return echo_hflm(tmp_path_factory)
 
 
 def requests(prompts: list[str]) -> list[Any]:

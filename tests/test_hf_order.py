@@ -24,14 +24,14 @@ MAX_TOKENS = 4
 
 @pytest.fixture(scope="module")
 def echo_lm(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return echo_hflm(tmp_path_factory.mktemp("models") / "echo")
+    return echo_hflm(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def varied_lm(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from lm_eval.models.huggingface import HFLM
 
-    model = tiny_llama(tmp_path_factory.mktemp("models") / "varied", "varied")
+    model = tiny_llama("varied", tmp_path_factory)
     return HFLM(pretrained=str(model), device="cpu", dtype="bfloat16", batch_size=8)
 
 

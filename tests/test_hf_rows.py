@@ -26,7 +26,7 @@ NEVER_STOP = ["p" * (12 - i) + "x" for i in range(8)]  # distinct lengths, all r
 
 @pytest.fixture(scope="module")
 def echo_lm(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return echo_hflm(tmp_path_factory.mktemp("models") / "echo")
+    return echo_hflm(tmp_path_factory)
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.api_models import JsonChatStr
 from support.lm import chat, completions, probe_installed
-from support.vllm import SCRIPTS, tiny_llama, vllm_python
+from support.tinymodels import tiny_llama
+from support.vllm import SCRIPTS, vllm_python
 
 from probe.demo.servercounters import vllm_metrics
 from probe.runtime import state
@@ -54,7 +55,7 @@ def generate(lm: Any, chat_format: bool) -> list[str]:
 def echo(tmp_path_factory) -> Iterator[vllm_server.Server]:
     root = tmp_path_factory.mktemp("vllm")
     python = vllm_python()
-    model = tiny_llama(python, root / "echo", "echo")
+    model = tiny_llama(python, "echo", tmp_path_factory)
     # Room for CAP tokens (the tiny Llama holds 8192 positions): a generation long enough to be
     # closed mid-way on a busy machine.
     server = vllm_server.start(model, "sim", python, log=root / "vllm.log", max_model_len=CAP + 192)
@@ -69,7 +70,7 @@ def thinker(tmp_path_factory) -> Iterator[vllm_server.Server]:
     """vLLM with a reasoning parser (deepseek_r1) on the tiny Llama's ``think`` variant."""
     root = tmp_path_factory.mktemp("vllm-think")
     python = vllm_python()
-    model = tiny_llama(python, root / "think", "think")
+    model = tiny_llama(python, "think", tmp_path_factory)
     server = vllm_server.start(model, "sim", python, log=root / "vllm.log", extra=("--reasoning-parser", "deepseek_r1"))
     try:
         yield server

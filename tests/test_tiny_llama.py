@@ -35,8 +35,8 @@ print(json.dumps(answers))
 """
 
 
-def test_a_countdown_prompt_for_n_is_answered_with_n_chain_tokens_then_eos(tmp_path) -> None:
-    model = build_model(tmp_path / "countdown", "countdown")
+def test_a_countdown_prompt_for_n_is_answered_with_n_chain_tokens_then_eos(tmp_path_factory) -> None:
+    model = build_model("countdown", tmp_path_factory)
     prompts = [countdown_prompt(n, f"Item {n}, go on: ") for n in LENGTHS]
     run = subprocess.run(
         [hf_python(), "-c", _GENERATE, str(model), json.dumps(prompts)], capture_output=True, text=True, check=True

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
-from support.vllm import SCRIPTS, answers, tiny_llama, vllm_python
+from support.tinymodels import tiny_llama
+from support.vllm import SCRIPTS, answers, vllm_python
 
 from probe.demo.localtask import offline_env, write_task
 from probe.demo.servercounters import vllm_metrics
@@ -34,8 +35,8 @@ def task(tmp_path_factory):
     return write_task(tmp_path_factory.mktemp("task"), DOCS)
 
 
-def serve(variant: str, python: str, root: Path) -> Iterator[vllm_server.Server]:
-    model = tiny_llama(python, root / variant, variant)
+def serve(variant: str, python: str, factory: pytest.TempPathFactory) -> Iterator[vllm_server.Server]:
+    model, root = tiny_llama(python, variant, factory), factory.mktemp("vllm")
     server = vllm_server.start(model, variant, python, log=root / f"vllm-{variant}.log")
     try:
         yield server
@@ -45,12 +46,12 @@ def serve(variant: str, python: str, root: Path) -> Iterator[vllm_server.Server]
 
 @pytest.fixture(scope="module")
 def never_stop(tmp_path_factory):
-    yield from serve("never_stop", vllm_python(), tmp_path_factory.mktemp("vllm"))
+    yield from serve("never_stop", vllm_python(), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def stops(tmp_path_factory):
-    yield from serve("stops", vllm_python(), tmp_path_factory.mktemp("vllm"))
+    yield from serve("stops", vllm_python(), tmp_path_factory)
 
 
 def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.CompletedProcess, float]:

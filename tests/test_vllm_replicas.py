@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
-from support.vllm import answers, tiny_llama, vllm_python
+from support.tinymodels import tiny_llama
+from support.vllm import answers, vllm_python
 
 from probe.demo.localtask import LocalTask, offline_env, write_task
 from probe.runtime import contract
@@ -96,8 +97,10 @@ def evidence_of(output: Path) -> tuple[dict, dict]:
     return verdict, json.loads(Path(verdict["results_file"]).read_text())[EVIDENCE_KEY]
 
 
-def test_never_stopping_replicas_trip_together_and_the_results_say_what_each_saw(ray_address, task, tmp_path) -> None:
-    model = tiny_llama(vllm_python(), tmp_path / "never_stop", "never_stop")
+def test_never_stopping_replicas_trip_together_and_the_results_say_what_each_saw(
+    ray_address, task, tmp_path, tmp_path_factory
+) -> None:
+    model = tiny_llama(vllm_python(), "never_stop", tmp_path_factory)
     run = evaluate(model, task, tmp_path / "out", ray_address)
     assert "summary: TRIPPED (non_terminating)" in run.stderr
     # Both replicas' requests were judged together, and each aborted what was unfinished.
@@ -120,8 +123,10 @@ def test_never_stopping_replicas_trip_together_and_the_results_say_what_each_saw
     assert seen["finish_reasons"] == {"length": DOCS - blank} and seen["observations"] == DOCS - blank
 
 
-def test_stopping_replicas_answer_as_unprobed_and_every_answer_is_observed(ray_address, task, tmp_path) -> None:
-    model = tiny_llama(vllm_python(), tmp_path / "stops", "stops")
+def test_stopping_replicas_answer_as_unprobed_and_every_answer_is_observed(
+    ray_address, task, tmp_path, tmp_path_factory
+) -> None:
+    model = tiny_llama(vllm_python(), "stops", tmp_path_factory)
     run = evaluate(model, task, tmp_path / "out", ray_address)
     assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
     assert not list((tmp_path / "out").glob(contract.SIDECAR_NAME + "*"))

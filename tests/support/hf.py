@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from probe.demo.localtask import offline_env
+from support import tinymodels
 from support.procs import PYTHON
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -98,10 +99,9 @@ def write_task_file(directory: Path, name: str, builtin: str, output_type: str, 
     return Task(yaml.resolve(), task)
 
 
-def tiny_llama(directory: Path, variant: str) -> Path:
-    """Build the tiny Llama ``variant`` (scripts/tiny_llama.py) into ``directory``."""
-    subprocess.run([hf_python(), str(SCRIPTS / "tiny_llama.py"), str(directory), "--variant", variant], check=True)
-    return directory
+def tiny_llama(variant: str, factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama ``variant`` as this backend's Python builds it, once per session."""
+    return tinymodels.tiny_llama(hf_python(), variant, factory)
 
 
 def evaluate_hf(
@@ -144,11 +144,11 @@ def hf_requests(prompts: list[str], task: str = "probe_prompts", **gen_kwargs: A
     return [Instance("generate_until", {}, (p, settings), i, metadata=(task, i, 1)) for i, p in enumerate(prompts)]
 
 
-def echo_hflm(directory: Path) -> Any:
-    """lm-eval's ``HFLM`` on CPU over the echo tiny Llama built into ``directory``."""
+def echo_hflm(factory: pytest.TempPathFactory) -> Any:
+    """lm-eval's ``HFLM`` on CPU over the echo tiny Llama."""
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(pretrained=str(tiny_llama(directory, "echo")), device="cpu", dtype="float32", batch_size=1)
+    return HFLM(pretrained=str(tiny_llama("echo", factory)), device="cpu", dtype="float32", batch_size=1)
 
 
 def in_batch_order(ends: str, batch: int, body: str = "p") -> list[str]:

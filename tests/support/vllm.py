@@ -1,10 +1,9 @@
-"""What the tests on real vLLM share: its environment's Python, the tiny models, the answers."""
+"""What the tests on real vLLM share: its environment's Python, the answers."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,6 @@ def vllm_python() -> str:
     if not python or not Path(python).exists():
         pytest.fail("LM_EVAL_PROBE_VLLM_PYTHON must name the vLLM environment's Python (scripts/test.sh sets it)")
     return python
-
-
-def tiny_llama(python: str, directory: Path, variant: str) -> Path:
-    """Build the tiny Llama ``variant`` (scripts/tiny_llama.py) into ``directory``."""
-    subprocess.run([python, str(SCRIPTS / "tiny_llama.py"), str(directory), "--variant", variant], check=True)
-    return directory
 
 
 def answers(output: Path, task: str = "") -> list[str]:

@@ -1,0 +1,109 @@
+"""lm-eval's in-process vLLM backend (``--model vllm``), CPU build, tiny Llamas: what reaches the
+engine. The slow start per group, a stopping model's answers, an engine the probe cannot hook,
+and the stub on lm-eval's vLLM module (the engine's partial outputs and the loop detector's
+trip: tests/test_vllm_offline.py). Runs as tests/support/offline.py describes; deselect with
+``-m "not vllm"``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.offline import DOCS, MAX_TOKENS, MIN_SAMPLES, evaluate, tiny_llamas
+from support.procs import probe_site
+from support.vllm import answers, vllm_python
+
+from probe.demo.localtask import SECOND_TASK, LocalTask, offline_env, write_task
+from probe.runtime import contract
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> LocalTask:
+    return write_task(tmp_path_factory.mktemp("task"), DOCS)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llamas(tmp_path_factory)
+
+
+def test_the_slow_start_sends_the_engine_min_samples_before_any_evidence(models, task, tmp_path) -> None:
+    # An engine as wide as the task: without a slow start vLLM would run all 48 to the cap
+    # at once before the MIN_SAMPLES observations the cap rule needs (the loop detector off
+    # here, so only endings count). With it, the engine gets MIN_SAMPLES requests, all at the
+    # cap, and the trip answers the rest blank before they reach it.
+    knobs = {contract.ENV_STREAM: "off"}
+    run, probed = evaluate(models / "never_stop", task, tmp_path / "probed", True, max_num_seqs=DOCS, **knobs)
+    assert "summary: TRIPPED (non_terminating)" in run.stderr
+    assert probed["generation_tokens"] == MIN_SAMPLES * MAX_TOKENS  # vLLM's own count
+    assert probed["finished_length"] == MIN_SAMPLES
+    final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
+    assert final["cancelled_in_flight"] == 0 and final["short_circuited_requests"] == DOCS - MIN_SAMPLES
+    assert sorted(answers(tmp_path / "probed")) == [""] * (DOCS - MIN_SAMPLES) + ["a" * MAX_TOKENS] * MIN_SAMPLES
+
+
+def test_each_group_keeps_its_own_slow_start_across_tasks_and_chunks(models, tmp_path) -> None:
+    # Two tasks with different stop sequences (two groups) in one run, each in chunks of 10
+    # (--batch_size 10: one LLM.generate call per chunk). Each group's budget is its own and
+    # spans its chunks: each reaches the engine with exactly MIN_SAMPLES requests, all at the
+    # cap, and the trip answers the rest of it blank (a budget per call would have let one
+    # group's 16 be spread over two, or a chunk's 10 be sent whole after the first chunk's 10).
+    first = write_task(tmp_path / "tasks", 24)
+    second = write_task(tmp_path / "tasks", 24, task=SECOND_TASK)
+    knobs = {contract.ENV_STREAM: "off"}
+    run, probed = evaluate(
+        models / "never_stop", first, tmp_path / "probed", True, max_num_seqs=48, batch_size="10", also=(second,),
+        **knobs,
+    )  # fmt: skip
+    assert run.stderr.count("[lm-eval-probe] tripped:") == 2
+    assert probed["generation_tokens"] == 2 * MIN_SAMPLES * MAX_TOKENS  # vLLM's own count
+    final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
+    assert final["short_circuited_requests"] == 2 * (24 - MIN_SAMPLES)
+
+
+def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, task, tmp_path) -> None:
+    _, unprobed = evaluate(models / "stops", task, tmp_path / "plain", probed=False)
+    run, probed = evaluate(models / "stops", task, tmp_path / "probed", probed=True)
+    assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
+    assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
+    assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
+    assert probed["generation_tokens"] == unprobed["generation_tokens"]
+
+
+def test_an_engine_that_cannot_be_hooked_runs_unprobed_with_one_message(models, tmp_path) -> None:
+    # The hook point really absent: an engine without abort_request (an offline run never
+    # calls it unless a request fails). This sitecustomize.py runs after the probe's own, in
+    # every process: eval-probe's own has no vLLM.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "try:\n    import vllm\nexcept ImportError:\n    pass\nelse:\n    del vllm.LLMEngine.abort_request\n"
+    )
+    # MIN_SAMPLES documents: enough for a trip, had the probe been watching.
+    small = write_task(tmp_path / "task", MIN_SAMPLES)
+    run, counters = evaluate(models / "never_stop", small, tmp_path / "out", probed=True, site=site)
+    # Counted in the whole of stderr: lm-eval's progress bar shares the probe's lines.
+    assert run.stderr.count("[lm-eval-probe] could not hook vLLM's engine") == 1
+    assert "has no abort_request')); lm-eval's vLLM backend runs unprobed" in run.stderr
+    assert "[lm-eval-probe] internal error" not in run.stderr
+    # Unprobed: every generation ran to the cap, and nothing was cut short or written.
+    assert counters["generation_tokens"] == MIN_SAMPLES * MAX_TOKENS
+    assert not (tmp_path / "out" / contract.SIDECAR_NAME).exists()
+    assert answers(tmp_path / "out") == ["a" * MAX_TOKENS] * MIN_SAMPLES
+
+
+def test_the_stub_installs_on_lm_evals_vllm_module_alone(tmp_path) -> None:
+    # lm-eval 0.4.13 imports model modules lazily: under --model vllm, the API module never is.
+    check = (
+        "import sys, lm_eval.models.vllm_causallms as m\n"
+        "print(hasattr(m.VLLM._model_generate, '__lm_eval_probe__'), 'lm_eval.models.api_models' in sys.modules)"
+    )
+    env = offline_env(probe_site(tmp_path / "site"), RESULT_DIR=str(tmp_path))
+    run = subprocess.run([vllm_python(), "-c", check], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == "True False\n"
