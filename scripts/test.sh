@@ -71,15 +71,19 @@ pass_0492() {
 # caching, streaming and when, the gate, the order, the loop detector); the command line and the start of
 # an evaluation run against b315ef3 and 0.4.13 on either side of it (CI time: see the README).
 # Not the whole lm-eval command lines of streamed runs (marker slow) either.
-# Its Hugging Face module differs from 0.4.9.2's and 0.4.13's (how it finds the model's maximum
-# length, and its memory arguments): the Hugging Face tests run here too.
-title_0412="against lm-eval 0.4.12 (a static parse_generations, null content as a cached placeholder, --model hf)"
+# Its Hugging Face module differs from 0.4.9.2's, and from 0.4.13's only in how it finds the
+# model's maximum length (and in its GPU memory arguments), over a newer transformers: the
+# Hugging Face tests that drive HFLM in-process run here; not test_hf.py's whole command lines,
+# whose command line, evaluator and batching (lm_eval/models/utils.py) are 0.4.13's but for log
+# formatting and that length.
+title_0412="against lm-eval 0.4.12 (a static parse_generations, null content as a cached placeholder, HFLM in-process)"
 pass_0412() {
     local status=0
     pytest_in .venv-lm-eval-0.4.12 "${workers[@]}" -m "not vllm and not release_independent and not inferencex and not hf and not slow" \
         tests/test_probe_lm.py tests/test_gate_lm.py tests/test_stream_lm.py \
         tests/test_order.py tests/test_detector_probe.py tests/test_verdict_open.py tests/test_filing.py || status=$?
-    pytest_in .venv-lm-eval-0.4.12 "${hf_workers[@]}" -m "hf and not vllm and not release_independent" || status=$?
+    pytest_in .venv-lm-eval-0.4.12 "${hf_workers[@]}" -m "hf and not vllm and not release_independent" \
+        tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py || status=$?
     return "$status"
 }
 title_0413="every test but the vLLM ones against lm-eval 0.4.13"
