@@ -60,7 +60,9 @@ pass_inferencex() {
 title_0492="against the 0.4.9.2 release (the legacy command line, the eager model registry, --model hf)"
 pass_0492() {
     local status=0
-    pytest_in .venv-lm-eval-0.4.9.2 "${workers[@]}" -m "not vllm and not release_independent and not inferencex" \
+    # Test by test, stealing: by file, these four (53-145 s of work each) left one worker with
+    # about twice the other's share (the part took 295 s by file, 251 s so, one run each).
+    pytest_in .venv-lm-eval-0.4.9.2 -n 2 --dist worksteal -m "not vllm and not release_independent and not inferencex" \
         tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py tests/test_task_evidence.py || status=$?
     pytest_in .venv-lm-eval-0.4.9.2 "${hf_workers[@]}" -m "not vllm and not release_independent and not inferencex" \
         tests/test_hf.py tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py || status=$?
