@@ -12,6 +12,7 @@ from support.procs import PYTHON
 from support.resultfiles import STARTED, figures, write_run, write_sidecar
 
 from probe import exitcodes
+from probe.runtime.contract import EVIDENCE_KEY
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent
@@ -52,6 +53,18 @@ def test_a_crafted_evidence_entry_is_unavailable_never_a_crash(tmp_path: Path, c
         run = read(tmp_path, *args)
         assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stderr[-1500:]
         assert "evidence" in run.stdout
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1", 2, None])
+def test_evidence_of_another_schema_is_unavailable(tmp_path: Path, version: object) -> None:
+    # Exactly the integer 1, as the sidecar's (hostile round 25: true and 1.0 were read as 1).
+    path = write_run(tmp_path, {"t": 0.9}, {"t": figures()})
+    document = json.loads(path.read_text())
+    document[EVIDENCE_KEY]["schema_version"] = version
+    path.write_text(json.dumps(document))
+    run = read(tmp_path, "--json")
+    assert run.returncode == exitcodes.READ_STATUS["unavailable"], run.stderr[-1500:]
+    assert "is not a schema-1 object" in run.stdout
 
 
 def test_a_task_name_cannot_forge_a_row_of_the_table(tmp_path: Path) -> None:

@@ -213,7 +213,9 @@ def test_a_fifo_named_like_a_results_file_is_unavailable_without_blocking(tmp_pa
 @pytest.mark.parametrize(
     ("tripped_at", "words"),
     [("-Infinity", ["non-finite"]), ("NaN", ["non-finite"]), ("1e999", ["non-finite"]), (True, ["tripped_at"]),
-     (4e9, ["in the future"])],
+     (4e9, ["in the future"]),
+     # Integers no float holds (hostile round 25: float() raised OverflowError, exit 70).
+     ("1" + "0" * 400, ["not finite"]), ("-1" + "0" * 400, ["not finite"])],
 )  # fmt: skip
 def test_a_sidecar_whose_trip_time_cannot_be_trusted_is_unreadable(
     tmp_path: Path, tripped_at: object, words: list[str]
@@ -222,6 +224,15 @@ def test_a_sidecar_whose_trip_time_cannot_be_trusted_is_unreadable(
     path = write_sidecar(tmp_path, tripped_at="@")  # type: ignore[arg-type]
     path.write_text(path.read_text().replace('"@"', json.dumps(tripped_at).strip('"')))
     unavailable_because(tmp_path, "sidecar is unreadable", *words)
+
+
+@pytest.mark.parametrize("tripped_at", ["1" + "0" * 400, "-1" + "0" * 400, "NaN"])
+def test_a_record_moved_aside_whose_trip_time_cannot_be_trusted_is_unreadable(tmp_path: Path, tripped_at: str) -> None:
+    # The runtime moves such a record aside (it cannot be this run's), and the reader reads it too.
+    write_results(tmp_path, 0.9)
+    path = write_sidecar(tmp_path, tripped_at="@", name=contract.SIDECAR_NAME + ".stale-bad-time")  # type: ignore[arg-type]
+    path.write_text(path.read_text().replace('"@"', tripped_at))
+    unavailable_because(tmp_path, "trip record cannot be read", "finite")
 
 
 def test_a_sidecar_with_a_non_finite_number_anywhere_is_unreadable(tmp_path: Path) -> None:

@@ -34,13 +34,14 @@ def run_evidence(document: dict[str, Any]) -> dict[str, Any] | None:
     if EVIDENCE_KEY not in document:
         return None
     evidence = document[EVIDENCE_KEY]
-    if not isinstance(evidence, dict) or evidence.get("schema_version") != SCHEMA_VERSION:
+    version = evidence.get("schema_version") if isinstance(evidence, dict) else None
+    if type(version) is not int or version != SCHEMA_VERSION:  # not true, not 1.0
         raise Unreadable(f"the probe's evidence ({EVIDENCE_KEY!r}) is not a schema-{SCHEMA_VERSION} object")
     tasks = evidence.get("tasks")
     if not isinstance(tasks, dict) or not isinstance(evidence.get("tripped"), bool):
         raise Unreadable("the probe's evidence has no 'tasks' object or no 'tripped' flag")
     if not finite_throughout(evidence):
-        raise Unreadable("the probe's evidence holds a number that is not finite (NaN or Infinity)")
+        raise Unreadable("the probe's evidence holds a number that is not finite (NaN, Infinity, or beyond a float)")
     for name, figures in [*tasks.items(), ("(unattributed)", evidence.get("unattributed"))]:
         if figures is None and name == "(unattributed)":
             continue

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -256,10 +257,11 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
     Valid means: an object whose ``schema_version`` is the integer SCHEMA_VERSION (not
     ``true``), whose ``verdict`` (the trip record) holds every field of TRIP_RECORD_FIELDS
     with its type, whose ``final`` is null or an object, which nests at most MAX_DEPTH
-    levels and holds no non-finite number anywhere (and, as read from a file, no object
-    holds a key twice: ``unique_keys``). With ``now``, a ``tripped_at`` later than ``now`` by more than
-    MAX_CLOCK_SKEW_S is refused too (a reader judging a finished run asks that; the runtime,
-    which only moves another run's record aside, does not).
+    levels and holds no non-finite number anywhere (nor an integer beyond a float's range;
+    and, as read from a file, no object holds a key twice: ``unique_keys``). With ``now``, a
+    ``tripped_at`` later than ``now`` by more than MAX_CLOCK_SKEW_S is refused too (a reader
+    judging a finished run asks that; the runtime, which only moves another run's record aside,
+    does not).
     """
     if not isinstance(document, dict):
         return "a JSON document that is not an object"
@@ -285,7 +287,7 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
     if problem:
         return problem
     if not finite_throughout(document):
-        return "a sidecar holding a number that is not finite (NaN or Infinity)"
+        return "a sidecar holding a number that is not finite (NaN, Infinity, or beyond a float)"
     if now is not None and record["tripped_at"] > now + MAX_CLOCK_SKEW_S:
         return f"a trip record in the future ('tripped_at' {record['tripped_at'] - now:.0f} s ahead of this clock)"
     return None
@@ -332,12 +334,15 @@ def _optional_fields_problem(record: Mapping[str, Any]) -> str | None:
 
 
 def finite_throughout(document: Any) -> bool:
-    """Whether ``document`` (parsed JSON) holds no NaN or infinity anywhere. Iterative: a
-    hostile document may be deep, and this never recurses."""
+    """Whether ``document`` (parsed JSON) holds no NaN or infinity anywhere, nor an integer
+    beyond a float's range (every reading of a time or a rate converts to float, which such an
+    integer does not survive). Iterative: a hostile document may be deep, and this never recurses."""
     pending = [document]
     while pending:
         value = pending.pop()
         if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if type(value) is int and abs(value) > sys.float_info.max:
             return False
         if isinstance(value, dict):
             pending.extend(value.values())
