@@ -34,7 +34,11 @@ for prompt in prompts:
 ids = tokenizer(whole, return_tensors="pt")["input_ids"]
 with torch.no_grad():
     picks = model(ids).logits[0].argmax(-1)
-print(json.dumps({"answers": answers, "ids": ids[0].tolist(), "picks": picks.tolist(), "eos": tokenizer.eos_token_id}))
+# What makes the teacher-forced picks a generation's: attention, the only part that reads other
+# positions, writes nothing (its output projection is zero), so a position's logits are its token's.
+silent = all(not layer.self_attn.o_proj.weight.any() for layer in model.model.layers)
+print(json.dumps({"answers": answers, "ids": ids[0].tolist(), "picks": picks.tolist(), "eos": tokenizer.eos_token_id,
+                  "layers_add_nothing": silent}))
 """
 
 
@@ -42,8 +46,8 @@ def test_a_countdown_prompt_for_n_is_answered_with_n_chain_tokens_then_eos(tmp_p
     model = build_model("countdown", tmp_path_factory)
     prompts = [countdown_prompt(n, f"Item {n}, go on: ") for n in LENGTHS]
     # The longest answer's prompt followed by that answer: greedy decoding picks the most likely
-    # token at each position, and the layers add nothing (a token's logits are its own), so the
-    # picks after every chain character are what a generation of any length from it would make.
+    # token at each position, and no position reads another (a token's logits are its own), so
+    # the picks after every chain character are what a generation of any length from it makes.
     whole = countdown_prompt(CHAIN_LENGTH - 1, "Go on: ") + "".join(CHAIN[1:])
     run = subprocess.run(
         [hf_python(), "-c", _GENERATE, str(model), json.dumps(prompts), whole],
@@ -53,6 +57,7 @@ def test_a_countdown_prompt_for_n_is_answered_with_n_chain_tokens_then_eos(tmp_p
     assert [(a["tokens"], a["eos"], a["text"]) for a in out["answers"]] == [
         (n + 1, True, "".join(CHAIN[-n:])) for n in LENGTHS
     ]
+    assert out["layers_add_nothing"]
     chain = out["ids"][-CHAIN_LENGTH:]  # one token a character
     assert len(set(chain)) == CHAIN_LENGTH
     assert out["picks"][-CHAIN_LENGTH:] == [*chain[1:], out["eos"]]
