@@ -43,8 +43,9 @@ def test_a_group_is_not_pulled_down_by_a_task_merely_under_the_floor(tmp_path: P
 @pytest.mark.parametrize(
     "changes",
     [{"cut_off_rate": "NaN"}, {"finish_reasons": [1, 2]}, {"max_tokens": 5}, {"causes": {"output_cap": -1}},
-     {"cut_off": 41}, {"observations": True}],
-    ids=["nan", "reasons-list", "caps-int", "negative", "more-cut-than-seen", "bool"],
+     {"cut_off": 41}, {"observations": True},
+     {"observations": 10**18, "generate_requests": 10**18, "finish_reasons": {"length": 10**18}}],
+    ids=["nan", "reasons-list", "caps-int", "negative", "more-cut-than-seen", "bool", "19-digits"],
 )  # fmt: skip
 def test_a_crafted_evidence_entry_is_unavailable_never_a_crash(tmp_path: Path, changes: dict) -> None:
     path = write_run(tmp_path, {"t": 0.9}, {"t": figures(empty_answers=30, tripped=True, **changes)}, tripped=True)

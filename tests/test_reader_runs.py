@@ -149,3 +149,19 @@ def test_an_unreadable_meta_env_hides_no_run(tmp_path: Path) -> None:
     assert code == exitcodes.READ_STATUS["unavailable"]
     assert any("meta_env.json cannot be read" in v["reason"] for v in found)
     assert {v["results_file"]: v["status"] for v in found if v["results_file"]}[str(a)] == "below_floor"
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{"eval_concs": "8 16 " + "1" * 4301}, {"failed_eval_concs": ["9" * 4301]}, {"eval_concs": [10**400]},
+     {"eval_concs": ["0"]}, {"eval_concs": [True]}, {"eval_concs": ["١٦"]}],
+    ids=["shell-4301-digits", "list-4301-digits", "int-401-digits", "zero", "bool", "other-digits"],
+)  # fmt: skip
+def test_a_meta_env_concurrency_that_is_no_plain_count_hides_no_run(tmp_path: Path, meta: dict) -> None:
+    # Hostile round 26: int() refused a 4,301-digit string, and the reader died (exit 70).
+    a, _ = sweep(tmp_path)
+    (tmp_path / "meta_env.json").write_text(json.dumps(meta))
+    code, found = verdicts(tmp_path)
+    assert code == exitcodes.READ_STATUS["unavailable"]
+    assert any("not a positive integer of at most 18 digits" in v["reason"] for v in found)
+    assert {v["results_file"]: v["status"] for v in found if v["results_file"]}[str(a)] == "below_floor"

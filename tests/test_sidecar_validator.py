@@ -106,6 +106,10 @@ def test_the_loop_detectors_fields_are_checked_when_present(fields: dict, valid:
         ({}, {"short_circuited_requests": "1303"}, False),
         ({}, {"cancelled_in_flight": None}, False),
         ({}, {"short_circuited_requests": 0, "cancelled_in_flight": 0}, True),
+        # At most 18 digits, as a knob's (hostile round 26: sums of counts past a float's range).
+        ({"observations": 10**18 - 1, "pathological": 10**18 - 1}, {}, True),
+        ({"observations": 10**18, "pathological": 10**18}, {}, False),
+        ({}, {"short_circuited_requests": 10**400}, False),
     ],
 )
 def test_counts_no_run_can_write_are_refused(record: dict, final: dict, valid: bool) -> None:

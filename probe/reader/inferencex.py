@@ -7,11 +7,13 @@ After each lm-eval run, InferenceX moves its results into the working directory 
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from probe.reader.documents import Unreadable, parse_json
 from probe.reader.files import read_regular_file
+from probe.runtime.contract import MAX_DIGITS
 
 META_ENV = "meta_env.json"
 MAX_META_BYTES = 2**20
@@ -48,7 +50,11 @@ def _numbers(document: dict, key: str, path: Path) -> tuple[int, ...]:
     found = []
     for item in value:
         text = str(item)
-        if type(item) is bool or not text.isascii() or not text.isdigit() or int(text) < 1:
-            raise Unreadable(f"{path}: {key!r} holds {item!r}, not a positive integer")
-        found.append(int(text))
+        # At most MAX_DIGITS digits, as a knob's (int() refuses a string of over 4,300).
+        digits = text.lstrip("0") if text.isascii() and text.isdigit() and type(item) is not bool else ""
+        if not 1 <= len(digits) <= MAX_DIGITS:
+            raise Unreadable(
+                f"{path}: {key!r} holds {reprlib.repr(item)}, not a positive integer of at most {MAX_DIGITS} digits"
+            )
+        found.append(int(digits))
     return tuple(sorted(set(found)))

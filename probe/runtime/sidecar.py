@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.runtime.contract import (
+    MAX_DIGITS,
     PATHOLOGY,
     PROBE_VERSION,
     SCHEMA_VERSION,
@@ -294,15 +295,16 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
 
 
 def is_count(value: Any) -> bool:
-    """Whether ``value`` (parsed JSON) is a count: an integer, not a boolean, not negative."""
-    return type(value) is int and value >= 0
+    """Whether ``value`` (parsed JSON) is a count: an integer, not a boolean, not negative, of at
+    most MAX_DIGITS digits, as a knob's (sums of counts then stay integers JSON readers hold)."""
+    return type(value) is int and 0 <= value < 10**MAX_DIGITS
 
 
 def _counts_problem(record: Mapping[str, Any]) -> str | None:
     """The trip's counts as the rule keeps them (``Tally``): the pathological among the
     observations, and a finish reason for each observation that ended (a flagged one may not have)."""
-    observed, reasons = record["observations"], record["finish_reasons"]
-    if not 0 <= record["pathological"] <= observed:
+    observed, pathological, reasons = record["observations"], record["pathological"], record["finish_reasons"]
+    if not (is_count(observed) and is_count(pathological)) or pathological > observed:
         return "a trip record whose 'pathological' is not a count within its 'observations'"
     if not all(map(is_count, reasons.values())) or sum(reasons.values()) > observed:
         return "a trip record whose 'finish_reasons' are not counts within its 'observations'"
