@@ -82,6 +82,19 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+MAX_DEMO_DOCS = 100_000  # the demo writes its task before it says anything: gsm8k has 1,319
+
+
+def demo_docs(text: str) -> int:
+    """The demo's document count: positive_int, at most MAX_DEMO_DOCS."""
+    value = positive_int(text)
+    if value > MAX_DEMO_DOCS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:24]!r} is more documents than the demo writes (at most {MAX_DEMO_DOCS:,})"
+        )
+    return value
+
+
 def _cmd_body(args: argparse.Namespace) -> int:
     from probe.inject import sitecustomize_text
 
@@ -311,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--base-url", help="a real OpenAI-compatible server, with --model (default: a simulated one, in-process)"
     )
     demo.add_argument("--model", help="the model name the server at --base-url serves (needed with it)")
-    demo.add_argument("--docs", type=positive_int, default=64, help="documents in the task (default 64)")
+    demo.add_argument(
+        "--docs", type=demo_docs, default=64, help=f"documents in the task (default 64, at most {MAX_DEMO_DOCS:,})"
+    )
     demo.add_argument("--max-tokens", type=positive_int, default=4096, help="the per-request budget (default 4096)")
     demo.add_argument("--concurrency", type=positive_int, default=16, help="lm-eval's num_concurrent (default 16)")
     return parser

@@ -47,7 +47,11 @@ def test_an_internal_error_is_never_a_verdict(tmp_path: Path) -> None:
     assert "ZeroDivisionError" in run.stderr and "internal error" in run.stderr
 
 
-@pytest.mark.parametrize("value", ["0", "-4", "1_6", "\uff11\uff16", "\u0661\u0666", "16.0"])
+# "100001" and 4,000 nines: more documents than the demo writes (hostile round 27: it wrote its
+# task file for ever, silently); 5,000 digits: more than int() takes.
+@pytest.mark.parametrize(
+    "value", ["0", "-4", "1_6", "\uff11\uff16", "\u0661\u0666", "16.0", "100001", "9" * 4000, "9" * 5000]
+)
 def test_demo_refuses_counts_that_are_not_plain_positive_integers(value: str) -> None:
     # int() takes "1_6" and non-ASCII digits as 16; nobody means them. (The unreachable
     # server only matters if the value were wrongly accepted.)

@@ -47,6 +47,27 @@ def test_healthy_lm_eval_run_scores_like_unprobed(sim, site_dir, local_task, tmp
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
 
 
+@pytest.mark.parametrize("mode", ["healthy", "never_stop"])
+def test_settings_no_json_reader_holds_leave_the_runs_files_readable(sim, site_dir, local_task, tmp_path, mode) -> None:
+    # Hostile round 27: lm-eval passes --gen_kwargs as given, and never sends do_sample to the
+    # server; the probe wrote NaN and a 401-digit budget into its evidence and its sidecar, and
+    # then the reader refused the run's own files (and the trip's final counters were lost).
+    output, big = tmp_path / "out", "1" + "0" * 400
+    settings = (
+        "--gen_kwargs",
+        f"max_tokens={big},do_sample=nan" if mode == "healthy" else "max_tokens=2048,do_sample=inf",
+    )
+    run = lm_eval(site_dir, sim(mode), local_task, output, *settings, RESULT_DIR=str(output))
+    assert run.returncode == 0, run.stderr[-2000:]
+    read = subprocess.run([PYTHON, "-m", "probe", "read", str(output), "--json"], capture_output=True, text=True)
+    (verdict,) = json.loads(read.stdout)
+    assert verdict["status"] == ("ok" if mode == "healthy" else "below_floor"), verdict["reason"]
+    if mode == "never_stop":
+        assert verdict["sidecar"]["state"] == "valid" and "[lm-eval-probe] could not" not in run.stderr
+        sidecar = json.loads((output / contract.SIDECAR_NAME).read_text())
+        assert sidecar["verdict"]["group"]["do_sample"] == "inf" and sidecar["final"]["short_circuited_requests"] > 0
+
+
 def test_use_cache_then_unprobed_rerun_gets_real_answers(sim, site_dir, local_task, tmp_path) -> None:
     cache = str(tmp_path / "cache" / "lm")
     never = sim("never_stop")

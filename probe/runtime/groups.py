@@ -13,6 +13,7 @@ from probe.runtime.degeneration import LoopDetector
 from probe.runtime.evidence import Tally
 from probe.runtime.gate import SlowStart
 from probe.runtime.inflight import InFlight
+from probe.runtime.sidecar import json_safe
 
 
 @dataclass
@@ -81,9 +82,10 @@ class Request:
 
 
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
-    """A stable key for a group's generation settings, and the settings as a plain dict."""
+    """A stable key for a group's generation settings, and the settings as the probe writes them
+    (``json_safe``: lm-eval passes a setting it never sends, such as do_sample=nan, as given)."""
     settings = dict(gen_kwargs) if isinstance(gen_kwargs, Mapping) else {}
-    return json.dumps(settings, sort_keys=True, default=repr), settings
+    return json.dumps(settings, sort_keys=True, default=repr), json_safe(settings)
 
 
 class Groups:

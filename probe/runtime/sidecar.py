@@ -294,6 +294,25 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
     return None
 
 
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` as this probe writes what it was given (a group's generation settings) into its
+    documents: JSON every reader holds. Mappings (keys as strings) and lists are copied so;
+    strings, booleans, None, integers of at most MAX_DIGITS digits and finite floats are kept;
+    anything else (NaN, infinities, an integer past that, a value JSON has no type for, nesting
+    past MAX_DEPTH) becomes its repr."""
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if type(value) is int and abs(value) < 10**MAX_DIGITS:
+        return value
+    if type(value) is float and math.isfinite(value):
+        return value
+    if depth < MAX_DEPTH and isinstance(value, Mapping):
+        return {str(key): json_safe(item, depth + 1) for key, item in value.items()}
+    if depth < MAX_DEPTH and isinstance(value, (list, tuple)):
+        return [json_safe(item, depth + 1) for item in value]
+    return repr(value)
+
+
 def is_count(value: Any) -> bool:
     """Whether ``value`` (parsed JSON) is a count: an integer, not a boolean, not negative, of at
     most MAX_DIGITS digits, as a knob's (sums of counts then stay integers JSON readers hold)."""

@@ -35,7 +35,7 @@ from probe.runtime.gate import Gates
 from probe.runtime.groups import Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
 from probe.runtime.ownership import SidecarOwnership
-from probe.runtime.sidecar import TripContext, public_url, trip_document
+from probe.runtime.sidecar import TripContext, is_count, public_url, trip_document
 from probe.runtime.tasks import TaskBook
 from probe.runtime.versions import lm_eval_version
 
@@ -96,6 +96,8 @@ class Probe:
         with self.lock:
             group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
+        if not is_count(max_tokens):  # None, or a budget no reader could hold (10**400)
+            max_tokens = None
         is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
         model = getattr(lm, "model", None)
         return Request(
