@@ -181,7 +181,8 @@ def test_nothing_found_counts_only_once_a_second_look_agrees(tmp_path: Path, mon
 
 # Each process starts the next and ends (after $1 seconds), until the stop file ($0) appears: a
 # listing of /proc can miss all of them, the one it listed having ended and the next started after.
-CHAIN = 'h() { [ -e "$0" ] && exit; sleep "$1"; h & }; h'
+# The delay is passed on to each call: inside a function, $1 is the function's own argument.
+CHAIN = 'h() { [ -e "$0" ] && exit; sleep "$1"; h "$1" & }; h "$1"'
 
 
 @pytest.mark.parametrize("setsid", [False, True])
