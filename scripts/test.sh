@@ -26,6 +26,23 @@ echo "== lint (ruff)"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
+# lm-eval reads its ~14,000 built-in task files to index them at the start of every run (7-15 s of a
+# core, most of a whole run here, and nothing the probe touches). Each test environment gets a .pth
+# line that keeps what that indexing read in a memo (tests/support/task_index_memo.py) while the
+# variable below names its directory: every pass but InferenceX's flow, which runs as InferenceX
+# runs it. The memo starts empty: the first runs of each environment index lm-eval's files for real.
+memo_pth=lm_eval_probe_test_task_index_memo.pth
+export LM_EVAL_PROBE_TASK_INDEX_MEMO="$PWD/.cache/task-index-memo"
+rm -rf "$LM_EVAL_PROBE_TASK_INDEX_MEMO"
+for venv in .venv .venv-inferencex .venv-lm-eval-0.4.9.2 .venv-lm-eval-0.4.12 .venv-vllm; do
+    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    PYTHONPATH=tests "$venv/bin/python" -c 'import sys; from support.task_index_memo import pth_line
+print(pth_line(sys.argv[1]), end="")' "$PWD/tests/support/task_index_memo.py" > "$site/$memo_pth"
+    "$venv/bin/python" -c 'import sys; assert any(type(f).__name__ == "TaskIndexMemo" for f in sys.meta_path)' \
+        || { echo "test: the task index memo did not start in $venv (from $site/$memo_pth)" >&2; exit 1; }
+done
+setup_seconds="$SECONDS"
+
 extra=("$@")
 workers=(-n 2 --dist loadfile)  # pytest-xdist: two workers, each on a core of its own (tests/conftest.py)
 # The Hugging Face tests test by test: five whole lm-eval runs of test_hf.py would keep one worker
@@ -35,7 +52,7 @@ pytest_in() {  # pytest_in VENV PYTEST-ARG...: one pytest run in VENV, with the 
     local venv="$1"
     shift
     local status=0
-    "$venv/bin/python" -m pytest -p no:cacheprovider "$@" "${extra[@]}" || status=$?
+    "$venv/bin/python" -m pytest -p no:cacheprovider --durations=10 "$@" "${extra[@]}" || status=$?
     if [ "$status" -eq 5 ] && [ "${#extra[@]}" -gt 0 ]; then
         return 0
     fi
@@ -45,6 +62,7 @@ pytest_in() {  # pytest_in VENV PYTEST-ARG...: one pytest run in VENV, with the 
 # Each pass: what it tests, then its pytest runs.
 title_inferencex_flow="InferenceX's flow (the patched benchmark_lib.sh, run_lm_eval, staging, read) against its lm-eval (b315ef3)"
 pass_inferencex_flow() {
+    local -x LM_EVAL_PROBE_TASK_INDEX_MEMO=""  # lm-eval indexes its task files, as in InferenceX
     pytest_in .venv-inferencex -n 2 --dist worksteal -m "not vllm and not release_independent" tests/test_inferencex_flow.py
 }
 title_inferencex="every other test that touches lm-eval against InferenceX's lm-eval (b315ef3) over lm-eval 0.4.13's dependencies, as InferenceX installs it"
@@ -135,7 +153,7 @@ passes=(inferencex_flow inferencex 0492 0412 0413 0413_hf 0413_vllm)
 logs=.cache/test-logs
 rm -rf "$logs"
 mkdir -p "$logs"
-summary=() failed=0
+summary=("   setup and lint ($setup_seconds s)") failed=0
 for name in "${passes[@]}"; do
     title="title_$name"
     echo "== $name: ${!title}" | tee "$logs/$name.log"

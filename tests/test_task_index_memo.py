@@ -1,0 +1,159 @@
+"""The test environments' memo of lm-eval's task index (tests/support/task_index_memo.py): the
+index lm-eval builds from it is the one it builds by reading its files, and a memo that is
+missing, unreadable or of another installation only means that lm-eval reads them again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import task_index_memo
+from support.procs import PYTHON
+
+SOURCE = str(Path(task_index_memo.__file__).resolve())
+
+# A child that builds lm-eval's task index and prints it, canonically, with what the memo did.
+CHILD = """
+import dataclasses, json, os, sys
+memo = None
+if os.environ.get(VARIABLE):  # as the .pth line scripts/test.sh writes runs it (if it has not)
+    exec(compile(open(SOURCE, encoding="utf-8").read(), SOURCE, "exec"), {"__name__": "task_index_memo"})
+    memo = next(f for f in sys.meta_path if type(f).__name__ == "TaskIndexMemo")
+from lm_eval.tasks import TaskManager
+
+def canonical(value):
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return repr(value)
+
+index = json.dumps(TaskManager().task_index, sort_keys=True, default=canonical)
+print(json.dumps({"index": index, "hits": memo and memo.hits, "misses": memo and memo.misses}))
+""".replace("SOURCE", repr(SOURCE)).replace("VARIABLE", repr(task_index_memo.VARIABLE))
+
+
+def index_built(memo: Path | None) -> subprocess.Popen:
+    """A child building lm-eval's task index, with the memo in ``memo`` (None: lm-eval alone)."""
+    env = {name: value for name, value in os.environ.items() if name != task_index_memo.VARIABLE}
+    if memo is not None:
+        env[task_index_memo.VARIABLE] = str(memo)
+    return subprocess.Popen([PYTHON, "-c", CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(child: subprocess.Popen) -> dict:
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err[-3000:]
+    return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_index_built_from_the_memo_is_the_one_lm_eval_builds_from_its_files(tmp_path: Path) -> None:
+    memo = tmp_path / "memo"
+    plain, fresh = index_built(None), index_built(memo)  # side by side: each reads every file
+    plain, fresh = result(plain), result(fresh)
+    assert fresh["hits"] == 0 and fresh["misses"] > 0
+    assert len(list(memo.glob("*.pickle"))) == 1, "the memo was not written when the process ended"
+    again = result(index_built(memo))
+    assert again["misses"] == 0 and again["hits"] == fresh["misses"]
+    assert len(json.loads(plain["index"])) > 1000  # lm-eval's own tasks, not an empty index
+    assert fresh["index"] == plain["index"]
+    assert again["index"] == plain["index"]
+
+
+def fake_installation(site: Path, record: bytes) -> Path:
+    """A site directory with an lm_eval package's tasks directory and a RECORD beside it."""
+    tasks = site / "lm_eval" / "tasks"
+    tasks.mkdir(parents=True)
+    (tasks / "__init__.py").write_text("")
+    info = site / "lm_eval-9.9.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_bytes(record)
+    return tasks
+
+
+@pytest.mark.release_independent
+def test_each_installation_has_its_own_memo_and_one_without_a_record_has_none(tmp_path: Path) -> None:
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    one = fake_installation(tmp_path / "one", b"a")
+    other = fake_installation(tmp_path / "other", b"a")
+    changed = fake_installation(tmp_path / "changed", b"b")
+    names = {memo.memo_file(str(tasks)) for tasks in (one, other, changed)}
+    assert len(names) == 3 and "" not in names
+    (tmp_path / "changed" / "lm_eval-9.9.dist-info" / "RECORD").write_bytes(b"a")
+    assert memo.memo_file(str(changed)) == memo.memo_file(str(changed))
+    (tmp_path / "one" / "lm_eval-9.9.dist-info" / "RECORD").unlink()
+    assert memo.memo_file(str(one)) == ""  # an editable install, say: lm-eval reads its files
+
+
+@pytest.mark.release_independent
+def test_only_the_indexs_reading_of_built_in_files_is_memoized(tmp_path: Path) -> None:
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    builtin = str(fake_installation(tmp_path / "site", b"r"))
+    memo.file = memo.memo_file(builtin)
+    read: list[tuple] = []
+
+    def load_yaml(path: object, **kwargs: object) -> dict:
+        read.append((str(path), kwargs))
+        return {"task": str(path), "seen": len(read)}
+
+    load = memo.per_file(load_yaml, builtin)
+    inside, outside = f"{builtin}/a/x.yaml", str(tmp_path / "x.yaml")
+    assert load(inside, resolve_func=False) == load(inside, resolve_func=False) == {"task": inside, "seen": 1}
+    assert load(Path(inside), resolve_func=False, recursive=False)["seen"] == 2  # another question
+    load(outside, resolve_func=False), load(outside, resolve_func=False)  # a test's own task file
+    load(inside), load(inside, resolve_func=True)  # resolving functions: a task being loaded
+    assert [path for path, _ in read] == [inside, inside, outside, outside, inside, inside]
+    assert memo.hits == 1
+
+    copy = load(inside, resolve_func=False)
+    copy["task"] = "changed by lm-eval"
+    assert load(inside, resolve_func=False)["task"] == inside  # each answer is a fresh copy
+
+
+@pytest.mark.release_independent
+def test_what_cannot_be_kept_is_computed_every_time(tmp_path: Path) -> None:
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    builtin = str(fake_installation(tmp_path / "site", b"r"))
+    memo.file = memo.memo_file(builtin)
+    calls = []
+
+    def get(manager: object, task_dir: str) -> dict:
+        calls.append(task_dir)
+        return {"t": lambda: None}  # a function: no plain data
+
+    get_memoized = memo.per_directory(get, builtin)
+    get_memoized(None, builtin + "/"), get_memoized(None, builtin)
+    assert calls == [builtin + "/", builtin] and memo.hits == 0
+    memo.save()
+    assert not Path(memo.file).exists() or memo.read() == {}
+
+
+@pytest.mark.release_independent
+def test_an_unreadable_memo_is_read_past_and_written_anew(tmp_path: Path) -> None:
+    builtin = str(fake_installation(tmp_path / "site", b"r"))
+    read: list[str] = []
+
+    def load_yaml(path: str, **kwargs: object) -> dict:
+        read.append(path)
+        return {"task": path}
+
+    def process(memo_file_text: bytes | None = None) -> task_index_memo.TaskIndexMemo:
+        memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+        memo.file = memo.memo_file(builtin)
+        if memo_file_text is not None:
+            Path(memo.file).write_bytes(memo_file_text)
+        load = memo.per_file(load_yaml, builtin)
+        assert load(f"{builtin}/x.yaml", resolve_func=False) == {"task": f"{builtin}/x.yaml"}
+        memo.save()  # as the process ends
+        return memo
+
+    assert process().misses == 1
+    assert process().hits == 1
+    assert process(b"not a pickle").misses == 1
+    assert process(b"\x80\x05N.").misses == 1  # a pickle, but not a memo
+    assert process().hits == 1  # written anew
+    assert len(read) == 3
