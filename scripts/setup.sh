@@ -104,25 +104,17 @@ install_into() {  # install_into DIR ARG...: what `pip install ARG...` installs,
             rm -rf "$info"
         fi
     done
-    # Bytecode compiled at install, as pip does, unless lazy_bytecode names DIR (see below).
-    local compile=(--compile-bytecode) no_compile=()
-    if [ "$dir" = "$lazy_bytecode" ]; then
-        compile=() no_compile=(--no-compile)
-    fi
     if [ -n "$uv" ]; then
+        # --compile-bytecode: as pip does; lm-eval runs under PYTHONDONTWRITEBYTECODE=1 (InferenceX
+        # sets it, and so did the environment of this machine, for every process) would
+        # otherwise compile every module from source, every run: leaving the older releases'
+        # environments to compile lazily made their passes slower, not faster (2026-12-03).
         SSL_CERT_FILE="${uv_cert:-${SSL_CERT_FILE:-}}" \
-            "$uv" pip install -q "${compile[@]}" --python "$dir/bin/python" "${uv_options[@]}" "$@"
+            "$uv" pip install -q --compile-bytecode --python "$dir/bin/python" "${uv_options[@]}" "$@"
     else
-        quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "${no_compile[@]}" "$@"
+        quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
     fi
 }
-# Where bytecode is compiled at install: where lm-eval runs under PYTHONDONTWRITEBYTECODE=1
-# (InferenceX sets it: its environment) or in processes started with -B (vLLM's engine and
-# worker processes: its environment), which would otherwise compile every module from source,
-# every run; and .venv (the demo, the benchmarks). The environments that only the tests of one
-# older release use compile what a run imports when it first imports it: about a tenth of their
-# files, where compiling all of a torch environment took 40 s of both cores.
-lazy_bytecode=""
 
 project_requirements() {
     # What pyproject.toml asks pip to install (dependencies, extras, Python): a new test tool
@@ -289,14 +281,11 @@ if [ "$what" = "inferencex" ]; then
 fi
 if [ "$what" = "all" ]; then
     make_inferencex_venv
-    lazy_bytecode=.venv-lm-eval-0.4.9.2
     make_venv .venv-lm-eval-0.4.9.2 "$torch" -e ".[test]" "lm-eval[api]==0.4.9.2" "transformers<5" "datasets<4.5"
     # 0.4.12: the first release that turns null content into a cached placeholder string; with
     # CPU torch, transformers and accelerate for its Hugging Face backend (its module differs
     # from both 0.4.9.2's and 0.4.13's).
-    lazy_bytecode=.venv-lm-eval-0.4.12
     make_venv .venv-lm-eval-0.4.12 "$torch" -e ".[test]" "lm-eval[api]==0.4.12" transformers accelerate
-    lazy_bytecode=""
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         make_venv .venv-vllm "vllm" "$vllm_ray"  # the CUDA build, where a GPU is present
     elif [ ! -f .venv-vllm/.stamp ]; then

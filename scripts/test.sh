@@ -12,10 +12,11 @@
 # their threads spin against each other). Within a pass, tests run in two pytest-xdist workers, a
 # test file to each (its module fixtures stay in one worker), each worker's torch and vLLM on a
 # core of its own (tests/conftest.py): the tests spend much of their time in lm-eval's
-# single-threaded start-up (its task index alone takes 7-13 s per run) and in simulated servers.
-# Two workers took the 0.4.13 pass from 527 s to 248 s and the vLLM pass from 870 s to 607 s.
-# Each pass's output also goes to .cache/test-logs/PASS.log, and a summary at the end gives each
-# pass's result and seconds.
+# single-threaded start-up and in simulated servers. Two workers took the 0.4.13 pass from 527 s
+# to 248 s and the vLLM pass from 870 s to 607 s. lm-eval's task index (7-15 s of every run) comes
+# from a memo in every pass but InferenceX's flow (see below).
+# Each pass's output also goes to .cache/test-logs/PASS.log, with each pytest run's 10 slowest
+# tests, and a summary at the end gives each pass's result and seconds.
 # Extra arguments go to every pytest run; a pass they leave without tests (pytest's status 5) then
 # counts as passed, while without them a pass that selects nothing fails.
 set -euo pipefail
