@@ -104,17 +104,26 @@ install_into() {  # install_into DIR ARG...: what `pip install ARG...` installs,
             rm -rf "$info"
         fi
     done
+    # Bytecode compiled at install, as pip does, but where lazy_bytecode names DIR (see below).
+    local compile=(--compile-bytecode) no_compile=()
+    if [ "$dir" = "$lazy_bytecode" ]; then
+        compile=() no_compile=(--no-compile)
+    fi
     if [ -n "$uv" ]; then
-        # --compile-bytecode: as pip does; lm-eval runs under PYTHONDONTWRITEBYTECODE=1 (InferenceX
-        # sets it, and so did the environment of this machine, for every process) would
-        # otherwise compile every module from source, every run: leaving the older releases'
-        # environments to compile lazily made their passes slower, not faster (2026-12-03).
         SSL_CERT_FILE="${uv_cert:-${SSL_CERT_FILE:-}}" \
-            "$uv" pip install -q --compile-bytecode --python "$dir/bin/python" "${uv_options[@]}" "$@"
+            "$uv" pip install -q "${compile[@]}" --python "$dir/bin/python" "${uv_options[@]}" "$@"
     else
-        quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
+        quiet_pip "$dir/bin/python" -m pip install -q --disable-pip-version-check "${no_compile[@]}" "$@"
     fi
 }
+# Compiling at install matters where a run cannot write bytecode: under PYTHONDONTWRITEBYTECODE=1
+# (InferenceX sets it, and so did this machine's environment for every process) a run compiles
+# every module it imports from source, every time. So .venv (the demo, the benchmarks) and
+# InferenceX's environment compile everything at install. The environments only the tests use
+# (the older releases', vLLM's: 60,000 files, most never imported, about three minutes of both
+# cores to compile) compile what a run imports when it first imports it: scripts/test.sh lets its
+# runs write bytecode (a leftover compiles everything from source in every run, as measured).
+lazy_bytecode=""
 
 project_requirements() {
     # What pyproject.toml asks pip to install (dependencies, extras, Python): a new test tool
@@ -167,10 +176,12 @@ make_venv() {  # make_venv DIR REQUIREMENT...
         return
     fi
     echo "setup: making $dir ($*)"
+    local start="$SECONDS"
     rm -rf "$dir"
     "$python" -m venv "$dir"
     install_into "$dir" "$@"
     echo "$stamp" > "$dir/.stamp"
+    echo "setup: made $dir in $((SECONDS - start)) s"
 }
 
 find_uv
@@ -281,11 +292,14 @@ if [ "$what" = "inferencex" ]; then
 fi
 if [ "$what" = "all" ]; then
     make_inferencex_venv
+    lazy_bytecode=.venv-lm-eval-0.4.9.2
     make_venv .venv-lm-eval-0.4.9.2 "$torch" -e ".[test]" "lm-eval[api]==0.4.9.2" "transformers<5" "datasets<4.5"
     # 0.4.12: the first release that turns null content into a cached placeholder string; with
     # CPU torch, transformers and accelerate for its Hugging Face backend (its module differs
     # from both 0.4.9.2's and 0.4.13's).
+    lazy_bytecode=.venv-lm-eval-0.4.12
     make_venv .venv-lm-eval-0.4.12 "$torch" -e ".[test]" "lm-eval[api]==0.4.12" transformers accelerate
+    lazy_bytecode=.venv-vllm  # and what add_lm_eval_to_vllm adds there
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         make_venv .venv-vllm "vllm" "$vllm_ray"  # the CUDA build, where a GPU is present
     elif [ ! -f .venv-vllm/.stamp ]; then
