@@ -13,6 +13,7 @@ import pytest
 from lm_eval.api.instance import Instance
 from support.lm import GEN_KWARGS, completions, prompts
 
+from probe.demo.simserver import SimServer
 from probe.run import summary
 from probe.runtime import contract, evidence
 from probe.runtime.contract import CAUSES, RULE_CAUSES, cause_words, main_cause
@@ -70,6 +71,76 @@ def test_a_context_window_trip_names_the_window_everywhere(sim, probed, result_d
         assert "max_tokens cap" not in text and "does not stop" not in text
 
 
+# "No limit" spelled as a budget: 2**63 - 1 fits the payload, and a server clamps it to its window.
+NO_LIMIT = 2**63 - 1
+
+
+class _Clamping(SimServer):
+    """vLLM's clamp (min(max_tokens, max_model_len - prompt)): a never-stopping model's every
+    generation ends ``length`` at the window's 256 tokens, far below the budget asked for."""
+
+    def _plan(self, prompt: str, max_tokens: int, turned: bool = False) -> tuple[str, int, str]:
+        return super()._plan(prompt, min(max_tokens, 256), turned)
+
+
+class _NoFinishReason(SimServer):
+    """A server that reports no finish_reason: only usage.completion_tokens tells."""
+
+    def _choice(self, index: int, reason: str, text: str, chat: bool, tokens: int) -> dict:
+        return {**super()._choice(index, reason, text, chat, tokens), "finish_reason": None}
+
+
+def test_a_budget_too_large_to_record_still_judges_its_generations(probed, result_dir) -> None:
+    """max_tokens=2**63-1 behind a clamping server: a `length` at 256 tokens is the window's,
+    and the run trips for it; the budget, more digits than a count may have, is not written."""
+    with _Clamping("never_stop") as server:
+        kwargs = {**GEN_KWARGS, "max_tokens": NO_LIMIT}
+        lm = completions(server.base_url, num_concurrent=4)
+        answers = lm.generate_until(
+            [Instance("generate_until", doc={}, arguments=(p, dict(kwargs)), idx=i, metadata=("t", i, 1))
+             for i, p in enumerate(prompts(40))]
+        )  # fmt: skip
+    probed.finalise()
+    assert answers.count("") >= 40 - 16 - 4  # tripped after 16, the in-flight ones at most
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["cause"], trip["max_tokens"]) == (contract.CONTEXT_WINDOW, [])
+    found = probed.evidence_document()["tasks"]["t"]
+    assert found["causes"][contract.CONTEXT_WINDOW] == found["observations"] >= 16 and found["max_tokens"] == []
+    read = subprocess.run([sys.executable, "-m", "probe", "read", str(result_dir)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert read.returncode == 1, read.stdout + read.stderr  # below the floor, cut short: the sidecar held
+    assert cause_words(contract.CONTEXT_WINDOW)[0] in read.stdout and "max_tokens not recorded" in read.stdout
+
+
+def test_a_budget_too_large_to_record_never_makes_a_healthy_answer_cut_off(probed) -> None:
+    """Without a finish_reason, usage.completion_tokens is compared with the budget as asked
+    for: a healthy model's answers under max_tokens=2**63-1 are below it, never at the cap."""
+    kwargs = {**GEN_KWARGS, "max_tokens": NO_LIMIT}
+    with _NoFinishReason("healthy") as server:
+        answers = completions(server.base_url, num_concurrent=4).generate_until(
+            [Instance("generate_until", doc={}, arguments=(p, dict(kwargs)), idx=i, metadata=("t", i, 1))
+             for i, p in enumerate(prompts(24))]
+        )  # fmt: skip
+    assert "" not in answers
+    found = probed.evidence_document()["tasks"]["t"]
+    assert (found["generate_requests"], found["observations"], found["cut_off"]) == (24, 24, 0)
+    assert found["finish_reasons"] == {evidence.USAGE_BELOW_CAP: 24} and not found["tripped"]
+
+
+@pytest.mark.parametrize("budget", [None, 0, -1, True, "2048", 2.5])
+def test_a_budget_that_is_no_positive_integer_is_unknown_and_nothing_is_at_its_cap(budget) -> None:
+    from probe.runtime.state import Probe
+
+    probe = Probe(contract.Settings())
+    request = probe.request(object(), {}, ["p"], budget)
+    assert (request.max_tokens, request.is_evidence) == (None, False)
+    usage = {"completion_tokens": 4096}
+    assert evidence.describe_choices({"choices": [{"finish_reason": None, "text": "x"}], "usage": usage}, None) == []
+    (length,) = evidence.describe_choices({"choices": [{"finish_reason": "length", "text": "x"}], "usage": usage}, None)
+    (stop,) = evidence.describe_choices({"choices": [{"finish_reason": "stop", "text": "x"}], "usage": usage}, None)
+    assert (length.cause, stop.cause) == (contract.LENGTH, None)
+
+
 def test_a_stop_at_the_cap_is_filed_as_the_output_cap_and_trips(sim, probed, result_dir) -> None:
     """A server that hides the cap: `stop` with completion_tokens == max_tokens."""
     server = sim("hidden_cap")
@@ -84,7 +155,7 @@ def test_a_stop_at_the_cap_is_filed_as_the_output_cap_and_trips(sim, probed, res
 
 @pytest.mark.parametrize(
     ("tokens", "max_tokens", "cause"),
-    [(2048, 2048, contract.OUTPUT_CAP), (4096, 2048, contract.OUTPUT_CAP), (2047, 2048, None), (0, 0, None)],
+    [(2048, 2048, contract.OUTPUT_CAP), (4096, 2048, contract.OUTPUT_CAP), (2047, 2048, None), (0, None, None)],
 )
 def test_a_stop_is_cut_off_exactly_when_its_own_tokens_reach_the_cap(tokens, max_tokens, cause) -> None:
     response = {"choices": [{"finish_reason": "stop", "text": "x"}], "usage": {"completion_tokens": tokens}}

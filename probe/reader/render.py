@@ -59,7 +59,7 @@ def pathology_text(found: dict[str, Any]) -> str:
     flagged = found.get("flagged")
     if type(flagged) is int and flagged > 0:
         reasons = "; ".join(part for part in (reasons, f"{flagged} flagged looping before they ended") if part)
-    caps = ", ".join(str(m) for m in found["max_tokens"] or [])
+    caps = ", ".join(str(m) for m in found["max_tokens"] or []) or "not recorded"
     if found["short_circuited_requests"] is None:
         after = "The final counters were not written (the process ended before its exit handlers ran)."
     else:

@@ -20,6 +20,7 @@ from probe.runtime.contract import (
     Settings,
 )
 from probe.runtime.rule import rule_fires, verdict_open
+from probe.runtime.sidecar import is_count
 
 # finish_reason values that mean "the model did not choose to stop".
 PATHOLOGICAL_REASONS = ("length", "repetition")
@@ -54,12 +55,14 @@ class Choice:
         return USAGE_AT_CAP if self.stop_at_cap else self.label
 
 
-def describe_choices(response: Any, max_tokens: int) -> list[Choice]:
+def describe_choices(response: Any, max_tokens: int | None) -> list[Choice]:
     """One Choice per well-formed choice of an OpenAI-style response; [] if none is.
 
     A label is the choice's ``finish_reason`` when it is a string; when it is absent,
     ``usage.completion_tokens`` decides between ``usage_at_cap`` and ``usage_below_cap``
-    (shared evenly among the choices). Anything malformed yields no Choice.
+    (shared evenly among the choices). Anything malformed yields no Choice. ``max_tokens``
+    None is a budget the probe does not know: then nothing is taken to be at the cap (a
+    choice without a finish reason says nothing, and a ``length`` is filed as ``length``).
     """
     if not isinstance(response, Mapping):
         return []
@@ -74,7 +77,7 @@ def describe_choices(response: Any, max_tokens: int) -> list[Choice]:
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             label = reason if _REASON.fullmatch(reason) else OTHER_REASON
-        elif reason is None and tokens is not None:
+        elif reason is None and tokens is not None and max_tokens is not None:
             label = USAGE_AT_CAP if tokens >= max_tokens * len(choices) else USAGE_BELOW_CAP
         else:
             continue
@@ -87,7 +90,7 @@ def describe_choices(response: Any, max_tokens: int) -> list[Choice]:
     return found
 
 
-def classify_response(response: Any, max_tokens: int) -> list[str]:
+def classify_response(response: Any, max_tokens: int | None) -> list[str]:
     """One label per well-formed choice of an OpenAI-style response (see describe_choices)."""
     return [choice.label for choice in describe_choices(response, max_tokens)]
 
@@ -112,7 +115,7 @@ def _texts(choice: Mapping[str, Any]) -> tuple[str, str]:
     return (answer if isinstance(answer, str) else ""), (reasoning if isinstance(reasoning, str) else "")
 
 
-def _cause(label: str, tokens: int | None, max_tokens: int, answer: str, reasoning: str) -> str | None:
+def _cause(label: str, tokens: int | None, max_tokens: int | None, answer: str, reasoning: str) -> str | None:
     if label == REPETITION:
         return REPETITION
     if label in ABORT_REASONS:
@@ -120,14 +123,14 @@ def _cause(label: str, tokens: int | None, max_tokens: int, answer: str, reasoni
     if label == "stop":
         # Some servers report the budget's end as a stop (NeMo Evaluator relabels these, PR
         # #1087); the token count tells. Only where it is this generation's own count.
-        return OUTPUT_CAP if tokens is not None and max_tokens > 0 and tokens >= max_tokens else None
+        return OUTPUT_CAP if tokens is not None and max_tokens is not None and tokens >= max_tokens else None
     if label not in ("length", USAGE_AT_CAP):
         return None
     if not answer.strip() and reasoning.strip():
         return REASONING
     if label == USAGE_AT_CAP:
         return OUTPUT_CAP
-    if tokens is None:
+    if tokens is None or max_tokens is None:
         return LENGTH
     return OUTPUT_CAP if tokens >= max_tokens else CONTEXT_WINDOW
 
@@ -135,6 +138,13 @@ def _cause(label: str, tokens: int | None, max_tokens: int, answer: str, reasoni
 def is_pathological(label: str) -> bool:
     """True for a generation that ended without the model choosing to stop."""
     return label in PATHOLOGICAL_REASONS or label == USAGE_AT_CAP
+
+
+def _record_budget(budgets: set, max_tokens: int | None) -> None:
+    """Keep ``max_tokens`` among the budgets an evidence record lists when a reader can hold it
+    (a count): a budget of 10**400 still judges its generations, but is not written."""
+    if is_count(max_tokens):
+        budgets.add(max_tokens)
 
 
 @dataclass
@@ -157,7 +167,7 @@ class TaskEvidence:
     groups: set = field(default_factory=set)
 
     def add(
-        self, choice: Choice, max_tokens: int, is_evidence: bool, flagged: bool = False, watched: bool = False
+        self, choice: Choice, max_tokens: int | None, is_evidence: bool, flagged: bool = False, watched: bool = False
     ) -> None:
         """File how one generation ended (``flagged``: the loop detector had flagged it;
         ``watched``: it had read some of its output, flagged or not)."""
@@ -171,7 +181,7 @@ class TaskEvidence:
         self.empty_answers += choice.empty
         self.stop_at_cap += choice.stop_at_cap
         self.below_min_max_tokens += not is_evidence
-        self.max_tokens.add(max_tokens)
+        _record_budget(self.max_tokens, max_tokens)
 
     def as_dict(self, tripped: bool) -> dict[str, Any]:
         cut_off = sum(self.causes.values())
@@ -206,20 +216,20 @@ class Tally:
     causes: Counter = field(default_factory=Counter)
     max_tokens: set = field(default_factory=set)
 
-    def flag(self, max_tokens: int) -> None:
+    def flag(self, max_tokens: int | None) -> None:
         """Count a generation the loop detector flagged: pathological, cause REPETITION. Its
         ending is never counted again (its request's other choices are)."""
         self.observed += 1
         self.pathological += 1
         self.flagged += 1
         self.causes[REPETITION] += 1
-        self.max_tokens.add(max_tokens)
+        _record_budget(self.max_tokens, max_tokens)
 
-    def add(self, labels: list[str], max_tokens: int) -> None:
+    def add(self, labels: list[str], max_tokens: int | None) -> None:
         """Count generations known by their labels only (no cause)."""
         self.add_choices([Choice(i, label, None, False) for i, label in enumerate(labels)], max_tokens)
 
-    def add_choices(self, choices: list[Choice], max_tokens: int) -> None:
+    def add_choices(self, choices: list[Choice], max_tokens: int | None) -> None:
         for choice in choices:
             self.observed += 1
             self.pathological += is_pathological(choice.rule_label)
@@ -227,7 +237,7 @@ class Tally:
             if choice.cause:
                 self.causes[choice.cause] += 1
         if choices:
-            self.max_tokens.add(max_tokens)
+            _record_budget(self.max_tokens, max_tokens)
 
     def fires(self, settings: Settings) -> bool:
         return rule_fires(self.observed, self.pathological, settings.min_samples, settings.length_ratio)

@@ -53,7 +53,7 @@ class Request:
 
     group: Group
     prompts: list[Any]  # as lm-eval passes them, one per answer
-    max_tokens: int
+    max_tokens: int | None  # its budget, a positive integer of any size; None: not known
     is_evidence: bool  # its observations count for the rule (see the glossary in contract)
     model: str | None = None  # the served model's name, for the trip record
     base_url: str | None = None  # the server's address, credentials removed

@@ -35,7 +35,7 @@ from probe.runtime.gate import Gates
 from probe.runtime.groups import Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
 from probe.runtime.ownership import SidecarOwnership
-from probe.runtime.sidecar import TripContext, is_count, public_url, trip_document
+from probe.runtime.sidecar import TripContext, public_url, trip_document
 from probe.runtime.tasks import TaskBook
 from probe.runtime.versions import lm_eval_version
 
@@ -96,12 +96,15 @@ class Probe:
         with self.lock:
             group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
-        if not is_count(max_tokens):  # None, or a budget no reader could hold (10**400)
+        # A budget is judged as it was asked for, however large (a server clamps 2**63 - 1 to its
+        # window, and a `length` then is the window's); one that is no positive integer is unknown,
+        # and nothing is then taken to be at the cap.
+        if type(max_tokens) is not int or max_tokens <= 0:
             max_tokens = None
         is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
         model = getattr(lm, "model", None)
         return Request(
-            group, list(prompts), max_tokens or 0, is_evidence, model if isinstance(model, str) else None,
+            group, list(prompts), max_tokens, is_evidence, model if isinstance(model, str) else None,
             public_url(getattr(lm, "base_url", None)), backend, tasks,
         )  # fmt: skip
 
@@ -333,7 +336,7 @@ class Probe:
 
 def _evidence(group: Group) -> str:
     tally = group.tally
-    caps = ",".join(str(m) for m in sorted(tally.max_tokens))
+    caps = ",".join(str(m) for m in sorted(tally.max_tokens)) or "not recorded"
     what = cause_words(main_cause(tally.causes))[0]
     flagged = f"; {tally.flagged} flagged looping before they ended" if tally.flagged else ""
     return (
