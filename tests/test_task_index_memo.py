@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,9 @@ def test_each_installation_has_its_own_memo_and_one_without_a_record_has_none(tm
     changed = fake_installation(tmp_path / "changed", b"b")
     names = {memo.memo_file(str(tasks)) for tasks in (one, other, changed)}
     assert len(names) == 3 and "" not in names
-    (tmp_path / "changed" / "lm_eval-9.9.dist-info" / "RECORD").write_bytes(b"a")
-    assert memo.memo_file(str(changed)) == memo.memo_file(str(changed))
+    before = memo.memo_file(str(changed))
+    (tmp_path / "changed" / "lm_eval-9.9.dist-info" / "RECORD").write_bytes(b"a")  # reinstalled
+    assert memo.memo_file(str(changed)) not in (before, "")
     (tmp_path / "one" / "lm_eval-9.9.dist-info" / "RECORD").unlink()
     assert memo.memo_file(str(one)) == ""  # an editable install, say: lm-eval reads its files
 
@@ -154,3 +156,67 @@ def test_an_unreadable_memo_is_read_past_and_written_anew(tmp_path: Path) -> Non
     assert process(b"\x80\x05N.").misses == 1  # a pickle, but not a memo
     assert process().hits == 1  # written anew
     assert len(read) == 3
+
+
+@pytest.mark.release_independent
+def test_a_task_file_changed_after_installing_makes_another_memo(tmp_path: Path) -> None:
+    """The RECORD says what was installed, not what is there now: a task file edited, added or
+    removed since names another memo (lm-eval reads its files again); bytecode written does not."""
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    tasks = fake_installation(tmp_path / "site", b"r")
+    (tasks / "gsm8k").mkdir()
+    task_file = tasks / "gsm8k" / "gsm8k.yaml"
+    task_file.write_text("task: gsm8k\n")
+    names = [memo.memo_file(str(tasks))]
+    (tasks / "__pycache__").mkdir()
+    (tasks / "__pycache__" / "__init__.cpython-313.pyc").write_bytes(b"bytecode")
+    assert memo.memo_file(str(tasks)) == names[0]  # a run compiled the package: no task changed
+    task_file.write_text("task: gsm8k_edited\n")  # same length or not, the time tells
+    os.utime(task_file, ns=(1, 1))
+    names.append(memo.memo_file(str(tasks)))
+    (tasks / "gsm8k" / "gsm8k_cot.yaml").write_text("task: gsm8k_cot\n")
+    names.append(memo.memo_file(str(tasks)))
+    task_file.unlink()
+    names.append(memo.memo_file(str(tasks)))
+    assert len(set(names)) == 4 and "" not in names
+
+
+@pytest.mark.release_independent
+def test_a_path_that_leads_out_of_the_task_directory_is_not_memoized(tmp_path: Path) -> None:
+    """A user's include path spelled through lm-eval's own directory (tasks/../../mine) names
+    a file outside it: lm-eval reads it every time, whatever the spelling."""
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    builtin = str(fake_installation(tmp_path / "site", b"r"))
+    memo.file = memo.memo_file(builtin)
+    mine = tmp_path / "site" / "mine.yaml"
+    mine.write_text("task: mine\n")
+    read: list[str] = []
+
+    def load_yaml(path: object, **kwargs: object) -> str:
+        read.append(str(path))
+        return Path(path).read_text()  # type: ignore[arg-type]
+
+    load = memo.per_file(load_yaml, builtin)
+    through = f"{builtin}/../../mine.yaml"
+    assert load(through, resolve_func=False) == "task: mine\n"
+    mine.write_text("task: mine_edited\n")
+    assert load(through, resolve_func=False) == "task: mine_edited\n" and memo.hits == 0
+    get = memo.per_directory(lambda manager, task_dir: {"read": task_dir}, builtin)
+    assert get(None, f"{builtin}/../tasks") == {"read": f"{builtin}/../tasks"} and memo.misses == 1
+    assert get(None, f"{builtin}/x/..") == {"read": f"{builtin}/../tasks"} and memo.hits == 1  # the same one
+
+
+@pytest.mark.release_independent
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_memo_path_that_is_no_regular_file_is_read_past_at_once(tmp_path: Path, kind: str) -> None:
+    """A FIFO (or a directory) where the memo file should be: reading it neither blocks nor fails
+    the run; lm-eval reads its files."""
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    memo.file = memo.memo_file(str(fake_installation(tmp_path / "site", b"r")))
+    os.makedirs(memo.directory)
+    os.mkfifo(memo.file) if kind == "fifo" else os.mkdir(memo.file)
+    found: list[dict] = []
+    reader = threading.Thread(target=lambda: found.append(memo.read()), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert found == [{}], "reading the memo blocked"

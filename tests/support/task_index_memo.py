@@ -6,7 +6,9 @@ most of a whole lm-eval run in these tests, and nothing the probe touches. scrip
 ``.pth`` file into each test environment that runs this file at interpreter start-up
 (``start``) when ``LM_EVAL_PROBE_TASK_INDEX_MEMO`` names a directory. From then on, what lm-eval's
 own indexing reads from its built-in task files is kept in that directory, one file per lm-eval
-installation (named by the installation's RECORD, which hashes every file it installed), and
+installation and state of its task files (named by the installation's RECORD, which hashes every
+file it installed, and by the name, size and modification time of every file under its task
+directory now, so that a file edited, added or removed after installing is read again), and
 later runs get a fresh copy of it instead of parsing the files again:
 
 - lm-eval 0.4.12 and later: each built-in YAML file as ``lm_eval.tasks._index.load_yaml`` parses
@@ -88,8 +90,9 @@ class TaskIndexMemo:
             manager._get_task_and_group = self.per_directory(manager._get_task_and_group, builtin)
 
     def memo_file(self, builtin: str) -> str:
-        """This installation's memo file: named by the one RECORD beside the package, hashed with
-        this format and the Python; "" where there is no such RECORD."""
+        """This installation's memo file: named by the one RECORD beside the package and the
+        task files as they are now (``files_now``), hashed with this format and the Python; ""
+        where there is no such RECORD."""
         import glob
         import hashlib
 
@@ -97,8 +100,10 @@ class TaskIndexMemo:
         records = glob.glob(os.path.join(glob.escape(site), "lm_eval-*.dist-info", "RECORD"))
         if len(records) != 1:
             return ""
+        digest = hashlib.sha256(f"{FORMAT}\0{sys.version}\0{builtin}\0".encode())
         with open(records[0], "rb") as record:
-            digest = hashlib.sha256(f"{FORMAT}\0{sys.version}\0{builtin}\0".encode() + record.read())
+            digest.update(record.read())
+        digest.update(files_now(builtin))
         return os.path.join(self.directory, f"{digest.hexdigest()[:32]}.pickle")
 
     # -- the two ways lm-eval indexes ---------------------------------------------------------
@@ -107,7 +112,8 @@ class TaskIndexMemo:
         inside = builtin + os.sep
 
         def load_yaml_memoized(path: Any, *args: Any, **kwargs: Any) -> Any:
-            name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else ""
+            # Spelled as lm-eval spells it, a path through ".." may lead out of the directory.
+            name = os.path.normpath(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else ""
             if (
                 args
                 or kwargs.get("resolve_func", True) is not False
@@ -172,9 +178,13 @@ class TaskIndexMemo:
 
     def read(self) -> dict[tuple, bytes]:
         import pickle
+        import stat
 
         try:
-            with open(self.file, "rb") as memo:
+            # Not blocking on a FIFO, nor reading a device: only a regular file is a memo.
+            with open(os.open(self.file, os.O_RDONLY | os.O_NONBLOCK), "rb") as memo:
+                if not stat.S_ISREG(os.fstat(memo.fileno()).st_mode):
+                    return {}
                 blobs = pickle.load(memo)
         except Exception:
             return {}  # none yet, or unreadable: lm-eval reads the files, and the memo is written anew
@@ -198,6 +208,25 @@ class TaskIndexMemo:
                     os.remove(temporary)
         except Exception:
             pass  # a later run writes it
+
+
+def files_now(builtin: str) -> bytes:
+    """The relative name, size and modification time of every file under ``builtin`` (bytecode
+    caches left out: a run that writes them changes no task), in a canonical order. About 0.1 s
+    for lm-eval's 15,000 files (scandir: no path arithmetic per file)."""
+    entries = []
+    directories = [("", builtin)]
+    while directories:
+        prefix, directory = directories.pop()
+        with os.scandir(directory) as found:
+            for entry in found:
+                if not entry.is_dir(follow_symlinks=False):
+                    about = entry.stat()
+                    entries.append(f"{prefix}{entry.name}\0{about.st_size}\0{about.st_mtime_ns}")
+                elif entry.name != "__pycache__":
+                    directories.append((f"{prefix}{entry.name}/", entry.path))
+    entries.sort()
+    return "\n".join(entries).encode("utf-8", "surrogateescape")
 
 
 def start(directory: str) -> TaskIndexMemo:
