@@ -197,7 +197,8 @@ def summary(
         what, advice = cause_words(v.get("cause"))
         return (
             f"summary: TRIPPED ({v['pathology']}): {v['pathological']}/{v['observations']} generations {what} "
-            f"(max_tokens {v['max_tokens']}); {cut} requests short-circuited; what to change: {advice}. "
+            f"(max_tokens {v['max_tokens'] or 'not recorded'}); {cut} requests short-circuited; "
+            f"what to change: {advice}. "
             f"Sidecar: {sidecar.path}. "
             + (f"Then {signalled}. " if signalled else "")
             + f"Next: eval-probe read {result_dir}"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from lm_eval.api.instance import Instance
-from support.lm import GEN_KWARGS, completions, prompts
+from lm_eval.models.api_models import JsonChatStr
+from support.lm import GEN_KWARGS, chat, completions, prompts
 
 from probe.demo.simserver import SimServer
 from probe.run import summary
@@ -110,6 +111,7 @@ def test_a_budget_too_large_to_record_still_judges_its_generations(probed, resul
                           timeout=60)  # fmt: skip
     assert read.returncode == 1, read.stdout + read.stderr  # below the floor, cut short: the sidecar held
     assert cause_words(contract.CONTEXT_WINDOW)[0] in read.stdout and "max_tokens not recorded" in read.stdout
+    assert "(max_tokens not recorded)" in summary(result_dir, result_dir / "no-report.json")
 
 
 def test_a_budget_too_large_to_record_never_makes_a_healthy_answer_cut_off(probed) -> None:
@@ -125,6 +127,23 @@ def test_a_budget_too_large_to_record_never_makes_a_healthy_answer_cut_off(probe
     found = probed.evidence_document()["tasks"]["t"]
     assert (found["generate_requests"], found["observations"], found["cut_off"]) == (24, 24, 0)
     assert found["finish_reasons"] == {evidence.USAGE_BELOW_CAP: 24} and not found["tripped"]
+
+
+def test_a_chat_requests_max_completion_tokens_is_its_budget(sim, probed) -> None:
+    """lm-eval passes a max_completion_tokens setting on beside max_tokens, and a chat server
+    (vLLM's, OpenAI's) takes it first: a healthy thinking model's 3,000-token answers under
+    max_completion_tokens=16384 are below the cap, whatever max_tokens says."""
+    server = sim("healthy", lengths="reasoning")
+    kwargs = {**GEN_KWARGS, "max_tokens": 1024, "max_completion_tokens": 16384}
+    chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(24)]
+    answers = chat(server.base_url, num_concurrent=4).generate_until(
+        [Instance("generate_until", doc={}, arguments=(c, dict(kwargs)), idx=i, metadata=("t", i, 1))
+         for i, c in enumerate(chats)]
+    )  # fmt: skip
+    assert "" not in answers and server.snapshot()["generate_requests"] == 24
+    found = probed.evidence_document()["tasks"]["t"]
+    assert (found["observations"], found["cut_off"], found["stop_at_cap"]) == (24, 0, 0) and not found["tripped"]
+    assert found["max_tokens"] == [16384]
 
 
 @pytest.mark.parametrize("budget", [None, 0, -1, True, "2048", 2.5])

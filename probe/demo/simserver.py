@@ -288,14 +288,18 @@ class SimServer:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         chat = request.path.endswith("/chat/completions")
-        if not payload.get("max_tokens", payload.get("max_completion_tokens")) or payload.get("echo"):
+        # As vLLM: a chat request's max_completion_tokens comes first; completions know max_tokens.
+        budget = payload.get("max_tokens")
+        if chat and payload.get("max_completion_tokens") is not None:
+            budget = payload["max_completion_tokens"]
+        if not budget or payload.get("echo"):
             return self._loglikelihood(payload)
         stream = bool(payload.get("stream"))
         if stream and self.stream_quirk == "refuse" and "stream_options" in payload:
             return web.json_response({"error": {"message": "stream_options is not supported"}}, status=400)
         if stream and self._once("busy_once"):
             return web.json_response({"error": {"message": "the server is busy"}}, status=500)
-        max_tokens = int(payload.get("max_tokens", payload.get("max_completion_tokens")))
+        max_tokens = int(budget)
         prompts = _prompt_text(payload)
         with self._lock:
             self.stats.generate_requests += 1

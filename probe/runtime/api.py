@@ -38,9 +38,14 @@ _CURRENT: contextvars.ContextVar[Request | None] = contextvars.ContextVar("lm_ev
 _SIGNATURES: dict[Any, inspect.Signature] = {}
 
 
-def _max_tokens(lm: Any, gen_kwargs: Any) -> int | None:
-    """The max_tokens lm-eval puts in the payload, computed the way lm-eval does."""
+def _max_tokens(lm: Any, gen_kwargs: Any, messages: list[Any]) -> int | None:
+    """The budget the server uses: the max_tokens lm-eval puts in the payload, computed the way
+    lm-eval does; for a chat request, a ``max_completion_tokens`` among the generation settings
+    instead (lm-eval passes it on beside max_tokens, and chat servers, vLLM's and OpenAI's, take it
+    first; a completions server knows only max_tokens)."""
     value = gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", getattr(lm, "_max_gen_toks", None)))
+    if "max_completion_tokens" in gen_kwargs and messages and type(messages[0]).__name__ == "JsonChatStr":
+        value = gen_kwargs["max_completion_tokens"]
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -69,7 +74,7 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
     # token ids); the sync path passes the prompts themselves.
     keys = bound.get("cache_keys", extra.get("cache_keys"))
     prompts = [key[0] for key in keys] if isinstance(keys, list) and len(keys) == len(messages) else list(messages)
-    request = probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs))
+    request = probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs, list(messages)))
     request.source = messages
     probe.resume(request)
     return request
