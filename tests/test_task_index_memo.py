@@ -171,14 +171,18 @@ def test_a_task_file_changed_after_installing_makes_another_memo(tmp_path: Path)
     (tasks / "__pycache__").mkdir()
     (tasks / "__pycache__" / "__init__.cpython-313.pyc").write_bytes(b"bytecode")
     assert memo.memo_file(str(tasks)) == names[0]  # a run compiled the package: no task changed
-    task_file.write_text("task: gsm8k_edited\n")  # same length or not, the time tells
-    os.utime(task_file, ns=(1, 1))
+    written = task_file.stat().st_mtime_ns
+    task_file.write_text("task: gsm8x\n")  # the same size: the time tells
+    os.utime(task_file, ns=(written + 10**9, written + 10**9))
+    names.append(memo.memo_file(str(tasks)))
+    task_file.write_text("task: gsm8k_edited\n")  # the same time: the size tells
+    os.utime(task_file, ns=(written + 10**9, written + 10**9))
     names.append(memo.memo_file(str(tasks)))
     (tasks / "gsm8k" / "gsm8k_cot.yaml").write_text("task: gsm8k_cot\n")
     names.append(memo.memo_file(str(tasks)))
     task_file.unlink()
     names.append(memo.memo_file(str(tasks)))
-    assert len(set(names)) == 4 and "" not in names
+    assert len(set(names)) == 5 and "" not in names
 
 
 @pytest.mark.release_independent
@@ -220,3 +224,21 @@ def test_a_memo_path_that_is_no_regular_file_is_read_past_at_once(tmp_path: Path
     reader.start()
     reader.join(timeout=30)
     assert found == [{}], "reading the memo blocked"
+
+
+@pytest.mark.release_independent
+def test_an_answer_is_kept_for_the_working_directory_it_was_read_in(tmp_path: Path, monkeypatch) -> None:
+    """0.4.9.2 and b315ef3 look for a relative include in the working directory first: what
+    was read in one is never served in another."""
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    builtin = str(fake_installation(tmp_path / "site", b"r"))
+    memo.file = memo.memo_file(builtin)
+    get = memo.per_directory(lambda manager, task_dir: {"read in": os.getcwd()}, builtin)
+    load = memo.per_file(lambda path, **kwargs: {"read in": os.getcwd()}, builtin)
+    for there in (tmp_path / "a", tmp_path / "b"):
+        there.mkdir()
+        monkeypatch.chdir(there)
+        for _ in range(2):
+            assert get(None, builtin) == {"read in": str(there)}
+            assert load(f"{builtin}/x.yaml", resolve_func=False) == {"read in": str(there)}
+    assert (memo.misses, memo.hits) == (4, 4)

@@ -16,8 +16,11 @@ later runs get a fresh copy of it instead of parsing the files again:
 - 0.4.9.2 and InferenceX's b315ef3: what ``TaskManager._get_task_and_group`` makes of the
   built-in task directory (names, kinds and paths: plain data).
 
-Task files outside lm-eval's own directory (every test's own task), any other call, and an
-installation without a RECORD beside it (an editable one) go to lm-eval untouched. Standard
+Each answer is kept for the working directory it was read in: 0.4.9.2 and b315ef3 look for a
+relative ``include:`` there first. Task files outside lm-eval's own directory (every test's own
+task), any other call, and an installation without a RECORD beside it (an editable one) go to
+lm-eval untouched. Not seen: a task file rewritten with its size and modification time kept (as
+``cp -p`` copies), or changed after ``lm_eval.tasks`` was imported in the process that indexes. Standard
 library only, and it never breaks a run: a failure of its own leaves lm-eval to do the work.
 ``tests/test_task_index_memo.py`` checks that the index built from the memo is lm-eval's own.
 """
@@ -126,7 +129,8 @@ class TaskIndexMemo:
                 name = ""
             if not name.startswith(inside):
                 return load_yaml(path, *args, **kwargs)
-            return self.answer(("file", name, bool(kwargs.get("recursive", True))), load_yaml, path, *args, **kwargs)
+            key = ("file", name, bool(kwargs.get("recursive", True)), os.getcwd())
+            return self.answer(key, load_yaml, path, *args, **kwargs)
 
         load_yaml_memoized.__wrapped__ = load_yaml  # type: ignore[attr-defined]
         return load_yaml_memoized
@@ -138,7 +142,7 @@ class TaskIndexMemo:
         def _get_task_and_group_memoized(manager: Any, task_dir: Any, *args: Any, **kwargs: Any) -> Any:
             if args or kwargs or os.path.normpath(os.fspath(task_dir)) != builtin:
                 return get(manager, task_dir, *args, **kwargs)
-            return self.answer(("directory",), get, manager, task_dir)
+            return self.answer(("directory", os.getcwd()), get, manager, task_dir)
 
         _get_task_and_group_memoized.__wrapped__ = get  # type: ignore[attr-defined]
         return _get_task_and_group_memoized
