@@ -67,13 +67,12 @@ def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.Compl
 
 
 def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path) -> None:
-    _, unprobed_tokens = evaluate(never_stop, task, tmp_path / "plain", probed=False)
+    # Unprobed, every request runs to the cap: DOCS * MAX_TOKENS tokens by vLLM's own count (the
+    # in-process runs that cannot be hooked show it; tests/test_tiny_llama.py checks the model).
     run, probed_tokens = evaluate(never_stop, task, tmp_path / "probed", probed=True)
-    assert unprobed_tokens == DOCS * MAX_TOKENS  # vLLM's own count: every request ran to the cap
     assert "summary: TRIPPED (non_terminating)" in run.stderr
     # One wave of CONCURRENCY generations, plus the partial tokens of those cancelled.
-    assert probed_tokens <= 1.15 * CONCURRENCY * MAX_TOKENS
-    assert probed_tokens < unprobed_tokens / 3
+    assert probed_tokens <= 1.15 * CONCURRENCY * MAX_TOKENS < DOCS * MAX_TOKENS / 3
     read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
     (verdict,) = json.loads(read.stdout)  # one task: one verdict
     assert read.returncode == 1 and verdict["status"] == "below_floor"

@@ -36,20 +36,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llamas(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def unprobed_never_stop(models, task, tmp_path_factory) -> tuple[Path, dict[str, float]]:
-    """The never-stopping model's unprobed run, shared: its output directory and counters."""
-    output = tmp_path_factory.mktemp("unprobed") / "plain"
-    _, counters = evaluate(models / "never_stop", task, output, probed=False)
-    return output, counters
+# Unprobed, the never-stopping model runs every generation to the cap, each answer MAX_TOKENS
+# "a"s: vLLM's own count is then DOCS * MAX_TOKENS (tests/test_vllm_offline_start.py's engine
+# that cannot be hooked runs it so, unprobed; tests/test_tiny_llama.py checks the model).
+UNPROBED_ANSWER = "a" * MAX_TOKENS
 
 
-def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(
-    models, task, unprobed_never_stop, tmp_path
-) -> None:
-    _, unprobed = unprobed_never_stop
+def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(models, task, tmp_path) -> None:
     run, probed = evaluate(models / "never_stop", task, tmp_path / "probed", probed=True)
-    assert unprobed["generation_tokens"] == DOCS * MAX_TOKENS  # vLLM's own count: all ran to the cap
     assert "summary: TRIPPED (non_terminating)" in run.stderr
     sidecar = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())
     # The loop detector read the partial outputs: the trip came from its flags, before the
@@ -67,7 +61,7 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(
     aborted, blanked = final["cancelled_in_flight"], final["short_circuited_requests"]
     assert 0 < aborted <= MAX_NUM_SEQS and blanked == DOCS - MIN_SAMPLES + aborted
     given = answers(tmp_path / "probed")
-    assert sorted(given) == [""] * blanked + ["a" * MAX_TOKENS] * (DOCS - blanked)
+    assert sorted(given) == [""] * blanked + [UNPROBED_ANSWER] * (DOCS - blanked)
     read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
     (verdict,) = json.loads(read.stdout)
     assert read.returncode == 1 and verdict["status"] == "below_floor"
@@ -78,17 +72,16 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(
     assert evidence["tasks"][verdict["task"]]["cancelled_in_flight"] == aborted
 
 
-def test_watched_partial_outputs_leave_every_answer_as_unprobed(models, task, unprobed_never_stop, tmp_path) -> None:
+def test_watched_partial_outputs_leave_every_answer_as_unprobed(models, task, tmp_path) -> None:
     # The probe asks the engine for cumulative outputs on its copy of the sampling parameters;
     # LLM.generate must still hand lm-eval what it hands it unprobed: 1,024-token answers,
     # assembled by the engine over many reports. More samples than documents: no trip.
-    plain, unprobed = unprobed_never_stop
     knobs = {contract.ENV_MIN_SAMPLES: str(DOCS + 1)}
     run, probed = evaluate(models / "never_stop", task, tmp_path / "probed", probed=True, **knobs)
     assert "[lm-eval-probe] internal error" not in run.stderr
     assert "partial outputs cannot be watched" not in run.stderr
-    assert answers(tmp_path / "probed") == answers(plain) == ["a" * MAX_TOKENS] * DOCS
-    assert probed["generation_tokens"] == unprobed["generation_tokens"]
+    assert answers(tmp_path / "probed") == [UNPROBED_ANSWER] * DOCS
+    assert probed["generation_tokens"] == DOCS * MAX_TOKENS
     # ... while the detector did read them: it flagged every generation, which then ran to the cap.
     (results,) = written_by_lm_eval(tmp_path / "probed", "results_*.json")
     (evidence,) = json.loads(results.read_text())[EVIDENCE_KEY]["tasks"].values()

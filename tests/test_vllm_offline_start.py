@@ -67,12 +67,14 @@ def test_each_group_keeps_its_own_slow_start_across_tasks_and_chunks(models, tmp
 
 
 def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, task, tmp_path) -> None:
-    _, unprobed = evaluate(models / "stops", task, tmp_path / "plain", probed=False)
+    # Unprobed, the stopping model answers every prompt with its one token, " 7\n\n", which ends
+    # at lm-eval's stop sequence: " 7", one token each by vLLM's own count (as the replicas'
+    # run and the served one give it; tests/test_tiny_llama.py checks the model).
     run, probed = evaluate(models / "stops", task, tmp_path / "probed", probed=True)
     assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
-    assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
-    assert probed["generation_tokens"] == unprobed["generation_tokens"]
+    assert answers(tmp_path / "probed") == [" 7"] * DOCS
+    assert probed["generation_tokens"] == DOCS
 
 
 def test_an_engine_that_cannot_be_hooked_runs_unprobed_with_one_message(models, tmp_path) -> None:
