@@ -133,8 +133,8 @@ title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas
 # about as long. pytest-xdist's --dist loadfile left one worker with test_vllm_offline.py (836 s)
 # while the other's files took 700; its --dist loadgroup does not group under pytest 9.2.
 # Lane a: the files below (the in-process engine's partial outputs, then the replicas: about
-# 420 + 330 s on a clean clone); lane b: every other vLLM test (test_vllm_offline_start.py,
-# test_stream_vllm.py, test_vllm_e2e.py: about 355 + 200 + 175 s), so that no new file is left out.
+# 320 + 290 s on a clean clone); lane b: every other vLLM test (test_vllm_offline_start.py,
+# test_stream_vllm.py, test_vllm_e2e.py: about 330 + 175 + 160 s), so that no new file is left out.
 lane_a=(tests/test_vllm_offline.py tests/test_vllm_replicas.py)
 pass_0413_vllm() {
     local status=0 other=0 lane_b cores
