@@ -211,6 +211,7 @@ def summary(
             + f"; still running then: {still_running} process(es) it started (listed above): run eval-probe read "
             f"{result_dir} once they finish"
         )
+    unjudged = 0
     try:
         evaluations = read_report(str(report))
         groups = [g for e in evaluations for g in e["groups"]]
@@ -218,7 +219,8 @@ def summary(
         bad = sum(g["pathological"] for g in groups)
         worst = max(((t, f["cut_off_rate"]) for e in evaluations for t, f in e["tasks"].items() if f["cut_off_rate"]),
                     key=lambda found: found[1], default=None)  # fmt: skip
-    except (KeyError, TypeError):
+        unjudged = sum(f.get("below_min_max_tokens", 0) for e in evaluations for f in e["tasks"].values())
+    except (KeyError, TypeError, AttributeError):
         evaluations = []
     if not evaluations:
         if signalled:
@@ -229,6 +231,8 @@ def summary(
             "command did not exit through Python's normal shutdown" + other
         )
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
+    if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
+        highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"
     return (
         f"summary: the probe did not trip: {bad} of {seen} generations observed were cut off, "
         f"in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"

@@ -14,6 +14,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.api_models import JsonChatStr
 from support.lm import GEN_KWARGS, chat, completions, prompts
 
+from probe.demo.localtask import offline_env
 from probe.demo.simserver import SimServer
 from probe.run import summary
 from probe.runtime import contract, evidence
@@ -144,6 +145,21 @@ def test_a_chat_requests_max_completion_tokens_is_its_budget(sim, probed) -> Non
     found = probed.evidence_document()["tasks"]["t"]
     assert (found["observations"], found["cut_off"], found["stop_at_cap"]) == (24, 0, 0) and not found["tripped"]
     assert found["max_tokens"] == [16384]
+
+
+def test_the_summary_counts_what_the_rule_does_not_judge(sim, local_task, tmp_path) -> None:
+    """A never-stopping model under a budget below MIN_MAX_TOKENS: every answer cut off, none
+    judged; the run's summary says both, not just '0 of 0 cut off'."""
+    server = sim("never_stop")
+    output = tmp_path / "out"
+    lm_eval = local_task.lm_eval_command(server.base_url, "sim", output, 64, 8)
+    run = subprocess.run([sys.executable, "-m", "probe", "run", "--result-dir", str(output), "--", *lm_eval],
+                         env=offline_env(None), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    (line,) = [line for line in run.stderr.splitlines() if "summary:" in line]
+    assert "the probe did not trip: 0 of 0 generations observed were cut off" in line
+    assert "; 40 more observed under a budget the rule does not judge" in line  # local_task: 40 documents
+    assert f"most cut off: {local_task.name}, 100.0% of its generations" in line
 
 
 @pytest.mark.parametrize("budget", [None, 0, -1, True, "2048", 2.5])
