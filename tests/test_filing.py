@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lm_eval.api.instance import Instance
@@ -130,21 +131,78 @@ def test_a_budget_too_large_to_record_never_makes_a_healthy_answer_cut_off(probe
     assert found["finish_reasons"] == {evidence.USAGE_BELOW_CAP: 24} and not found["tripped"]
 
 
-def test_a_chat_requests_max_completion_tokens_is_its_budget(sim, probed) -> None:
-    """lm-eval passes a max_completion_tokens setting on beside max_tokens, and a chat server
-    (vLLM's, OpenAI's) takes it first: a healthy thinking model's 3,000-token answers under
-    max_completion_tokens=16384 are below the cap, whatever max_tokens says."""
-    server = sim("healthy", lengths="reasoning")
-    kwargs = {**GEN_KWARGS, "max_tokens": 1024, "max_completion_tokens": 16384}
-    chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(24)]
-    answers = chat(server.base_url, num_concurrent=4).generate_until(
+class _MaxTokensFirst(SimServer):
+    """A chat server that reads max_tokens before max_completion_tokens, as some SGLang releases
+    do (vLLM and OpenAI, and the simulated server, read max_completion_tokens first)."""
+
+    async def _completions(self, request: Any) -> Any:
+        payload = await request.json()
+        if payload.get("max_tokens") is not None:
+            payload.pop("max_completion_tokens", None)
+        request._read_bytes = json.dumps(payload).encode()
+        return await super()._completions(request)
+
+
+def _run_chat(server: SimServer, kwargs: dict, n: int = 40) -> list[str]:
+    chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(n)]
+    return chat(server.base_url, num_concurrent=4).generate_until(
         [Instance("generate_until", doc={}, arguments=(c, dict(kwargs)), idx=i, metadata=("t", i, 1))
          for i, c in enumerate(chats)]
     )  # fmt: skip
-    assert "" not in answers and server.snapshot()["generate_requests"] == 24
+
+
+@pytest.mark.parametrize(
+    ("server_class", "budgets"), [(SimServer, (1024, 16384)), (_MaxTokensFirst, (16384, 2048))],
+    ids=["vllm-order", "sglang-order"],
+)  # fmt: skip
+def test_a_chat_request_that_names_two_budgets_never_makes_a_healthy_answer_cut_off(
+    probed, server_class, budgets
+) -> None:
+    """lm-eval passes a max_completion_tokens setting on beside max_tokens, and chat servers read
+    the two in different orders: a healthy thinking model's 3,000-token stops, under the budget
+    the server takes (16384), are not at the cap because the other reading is smaller."""
+    max_tokens, completion = budgets
+    kwargs = {**GEN_KWARGS, "max_tokens": max_tokens, "max_completion_tokens": completion}
+    with server_class("healthy", lengths="reasoning") as server:
+        answers = _run_chat(server, kwargs, 24)
+        assert server.snapshot()["generate_requests"] == 24
+    assert "" not in answers
     found = probed.evidence_document()["tasks"]["t"]
-    assert (found["observations"], found["cut_off"], found["stop_at_cap"]) == (24, 0, 0) and not found["tripped"]
-    assert found["max_tokens"] == [16384]
+    assert (found["observations"], found["stop_at_cap"], found["tripped"]) == (24, 0, False)
+    assert found["max_tokens"] == sorted(budgets)  # both written: which one the server took is not known
+
+
+@pytest.mark.parametrize("server_class", [SimServer, _MaxTokensFirst], ids=["vllm-order", "sglang-order"])
+def test_a_never_stopping_model_trips_under_whichever_of_two_budgets_the_server_takes(
+    probed, result_dir, server_class
+) -> None:
+    """Both budgets count for the rule (at least MIN_MAX_TOKENS): generations cut at either are cut
+    at the output cap, and the run trips as under one."""
+    kwargs = {**GEN_KWARGS, "max_tokens": 4096, "max_completion_tokens": 2048}
+    with server_class("never_stop") as server:
+        answers = _run_chat(server, kwargs)
+    assert answers.count("") >= 40 - 16 - 4
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048, 4096])
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "completion"), [("chat", None), ("completions", 512)], ids=["chat-null", "completions"]
+)
+def test_a_max_completion_tokens_no_server_reads_leaves_max_tokens_the_budget(
+    sim, probed, result_dir, endpoint, completion
+) -> None:
+    """A null max_completion_tokens (vLLM then takes max_tokens), or one sent to a completions
+    endpoint (which knows only max_tokens): the run is judged by max_tokens, and trips."""
+    server = sim("never_stop")
+    kwargs = {**GEN_KWARGS, "max_tokens": 2048, "max_completion_tokens": completion}
+    if endpoint == "chat":
+        answers = _run_chat(server, kwargs)
+    else:
+        answers = completions(server.base_url, num_concurrent=4).generate_until(_instances(prompts(40), "t"))
+    assert answers.count("") >= 40 - 16 - 4
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048])
 
 
 def test_the_summary_counts_what_the_rule_does_not_judge(sim, local_task, tmp_path) -> None:

@@ -360,7 +360,7 @@ def test_malformed_responses_are_not_evidence(sim, probed, result_dir) -> None:
 
 
 def test_an_internal_error_is_contained_and_reported_once(sim, probed, result_dir, monkeypatch, capsys) -> None:
-    def broken(response, max_tokens):
+    def broken(*args):
         raise RuntimeError("probe bug")
 
     monkeypatch.setattr(state, "describe_choices", broken)

@@ -38,17 +38,24 @@ _CURRENT: contextvars.ContextVar[Request | None] = contextvars.ContextVar("lm_ev
 _SIGNATURES: dict[Any, inspect.Signature] = {}
 
 
-def _max_tokens(lm: Any, gen_kwargs: Any, messages: list[Any]) -> int | None:
+def _max_tokens(lm: Any, gen_kwargs: Any, messages: list[Any]) -> int | tuple[int | None, ...] | None:
     """The budget the server uses: the max_tokens lm-eval puts in the payload, computed the way
-    lm-eval does; for a chat request, a ``max_completion_tokens`` among the generation settings
-    instead (lm-eval passes it on beside max_tokens, and chat servers, vLLM's and OpenAI's, take it
-    first; a completions server knows only max_tokens)."""
-    value = gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", getattr(lm, "_max_gen_toks", None)))
-    if "max_completion_tokens" in gen_kwargs and messages and type(messages[0]).__name__ == "JsonChatStr":
-        value = gen_kwargs["max_completion_tokens"]
+    lm-eval does. A chat request whose generation settings also carry a ``max_completion_tokens``
+    (lm-eval passes it on beside max_tokens) names two, which chat servers read in different
+    orders (vLLM and OpenAI take max_completion_tokens first, some SGLang releases max_tokens): both
+    are returned, for the probe to judge by what holds under either. A null one is not sent as a
+    budget (vLLM then takes max_tokens)."""
+    value = _as_int(gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", getattr(lm, "_max_gen_toks", None))))
+    other = gen_kwargs.get("max_completion_tokens")
+    if other is None or not messages or type(messages[0]).__name__ != "JsonChatStr":
+        return value
+    return value, _as_int(other)
+
+
+def _as_int(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

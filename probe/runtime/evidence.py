@@ -55,7 +55,7 @@ class Choice:
         return USAGE_AT_CAP if self.stop_at_cap else self.label
 
 
-def describe_choices(response: Any, max_tokens: int | None) -> list[Choice]:
+def describe_choices(response: Any, max_tokens: int | None, fewest: int | None = None) -> list[Choice]:
     """One Choice per well-formed choice of an OpenAI-style response; [] if none is.
 
     A label is the choice's ``finish_reason`` when it is a string; when it is absent,
@@ -63,6 +63,8 @@ def describe_choices(response: Any, max_tokens: int | None) -> list[Choice]:
     (shared evenly among the choices). Anything malformed yields no Choice. ``max_tokens``
     None is a budget the probe does not know: then nothing is taken to be at the cap (a
     choice without a finish reason says nothing, and a ``length`` is filed as ``length``).
+    ``fewest``: the smaller of two budgets the server may use (None: ``max_tokens``): a
+    ``length`` that reaches it is the cap's, while a stop is at the cap only at ``max_tokens``.
     """
     if not isinstance(response, Mapping):
         return []
@@ -85,7 +87,7 @@ def describe_choices(response: Any, max_tokens: int | None) -> list[Choice]:
         index = index if isinstance(index, int) and not isinstance(index, bool) else position
         own_tokens = tokens if len(choices) == 1 else None
         answer, reasoning = _texts(choice)
-        cause = _cause(label, own_tokens, max_tokens, answer, reasoning)
+        cause = _cause(label, own_tokens, max_tokens, answer, reasoning, fewest)
         found.append(Choice(index, label, cause, not answer.strip()))
     return found
 
@@ -115,7 +117,9 @@ def _texts(choice: Mapping[str, Any]) -> tuple[str, str]:
     return (answer if isinstance(answer, str) else ""), (reasoning if isinstance(reasoning, str) else "")
 
 
-def _cause(label: str, tokens: int | None, max_tokens: int | None, answer: str, reasoning: str) -> str | None:
+def _cause(
+    label: str, tokens: int | None, max_tokens: int | None, answer: str, reasoning: str, fewest: int | None = None
+) -> str | None:
     if label == REPETITION:
         return REPETITION
     if label in ABORT_REASONS:
@@ -132,7 +136,7 @@ def _cause(label: str, tokens: int | None, max_tokens: int | None, answer: str, 
         return OUTPUT_CAP
     if tokens is None or max_tokens is None:
         return LENGTH
-    return OUTPUT_CAP if tokens >= max_tokens else CONTEXT_WINDOW
+    return OUTPUT_CAP if tokens >= (max_tokens if fewest is None else fewest) else CONTEXT_WINDOW
 
 
 def is_pathological(label: str) -> bool:
@@ -140,11 +144,13 @@ def is_pathological(label: str) -> bool:
     return label in PATHOLOGICAL_REASONS or label == USAGE_AT_CAP
 
 
-def _record_budget(budgets: set, max_tokens: int | None) -> None:
-    """Keep ``max_tokens`` among the budgets an evidence record lists when a reader can hold it
-    (a count): a budget of 10**400 still judges its generations, but is not written."""
-    if is_count(max_tokens):
-        budgets.add(max_tokens)
+def _record_budget(budgets: set, max_tokens: int | tuple[int, ...] | None) -> None:
+    """Keep ``max_tokens`` (one budget, or each of a request's: ``Request.budgets``) among the
+    budgets an evidence record lists when a reader can hold it (a count): a budget of 10**400
+    still judges its generations, but is not written."""
+    for budget in max_tokens if isinstance(max_tokens, tuple) else (max_tokens,):
+        if is_count(budget):
+            budgets.add(budget)
 
 
 @dataclass
@@ -167,7 +173,12 @@ class TaskEvidence:
     groups: set = field(default_factory=set)
 
     def add(
-        self, choice: Choice, max_tokens: int | None, is_evidence: bool, flagged: bool = False, watched: bool = False
+        self,
+        choice: Choice,
+        max_tokens: int | tuple[int, ...] | None,
+        is_evidence: bool,
+        flagged: bool = False,
+        watched: bool = False,
     ) -> None:
         """File how one generation ended (``flagged``: the loop detector had flagged it;
         ``watched``: it had read some of its output, flagged or not)."""
@@ -216,7 +227,7 @@ class Tally:
     causes: Counter = field(default_factory=Counter)
     max_tokens: set = field(default_factory=set)
 
-    def flag(self, max_tokens: int | None) -> None:
+    def flag(self, max_tokens: int | tuple[int, ...] | None) -> None:
         """Count a generation the loop detector flagged: pathological, cause REPETITION. Its
         ending is never counted again (its request's other choices are)."""
         self.observed += 1
@@ -225,11 +236,11 @@ class Tally:
         self.causes[REPETITION] += 1
         _record_budget(self.max_tokens, max_tokens)
 
-    def add(self, labels: list[str], max_tokens: int | None) -> None:
+    def add(self, labels: list[str], max_tokens: int | tuple[int, ...] | None) -> None:
         """Count generations known by their labels only (no cause)."""
         self.add_choices([Choice(i, label, None, False) for i, label in enumerate(labels)], max_tokens)
 
-    def add_choices(self, choices: list[Choice], max_tokens: int | None) -> None:
+    def add_choices(self, choices: list[Choice], max_tokens: int | tuple[int, ...] | None) -> None:
         for choice in choices:
             self.observed += 1
             self.pathological += is_pathological(choice.rule_label)

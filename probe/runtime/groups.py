@@ -53,7 +53,9 @@ class Request:
 
     group: Group
     prompts: list[Any]  # as lm-eval passes them, one per answer
-    max_tokens: int | None  # its budget, a positive integer of any size; None: not known
+    # Its budget, a positive integer of any size (None: not known): the largest the server may use
+    # where the request names two (see ``fewest``).
+    max_tokens: int | None
     is_evidence: bool  # its observations count for the rule (see the glossary in contract)
     model: str | None = None  # the served model's name, for the trip record
     base_url: str | None = None  # the server's address, credentials removed
@@ -61,6 +63,9 @@ class Request:
     # The task of each prompt, in order: known at once by a backend that can tell, else taken
     # from the evaluation's task book when first needed (see TaskBook.take).
     tasks: list[str | None] | None = None
+    # The smallest budget the server may use, where the request names two that servers read in
+    # different orders (a chat request's max_tokens and max_completion_tokens); None: max_tokens.
+    fewest: int | None = None
     observed: bool = False
     cancelled_by_probe: bool = False
     pending: int = 0  # its generations counted in its group's pending ones
@@ -75,6 +80,11 @@ class Request:
     @property
     def n_answers(self) -> int:
         return len(self.prompts)
+
+    @property
+    def budgets(self) -> tuple[int, ...]:
+        """Every budget the server may use for it (none where it is not known)."""
+        return tuple(sorted({b for b in (self.fewest, self.max_tokens) if b is not None}))
 
     def task_of_choice(self, index: int) -> str | None:
         tasks = self.tasks or []

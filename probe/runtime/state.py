@@ -86,26 +86,29 @@ class Probe:
         lm: Any,
         gen_kwargs: Any,
         prompts: list[Any],
-        max_tokens: int | None,
+        max_tokens: Any,
         backend: str = "api",
         tasks: list[str | None] | None = None,
     ) -> Request:
         """One generate request for ``prompts`` (as lm-eval passes them), in its group, made by
         ``backend`` for the model ``lm`` (only its name and address are kept); each prompt's
-        task is taken from the task book when needed, unless the backend knows ``tasks``."""
+        task is taken from the task book when needed, unless the backend knows ``tasks``.
+        ``max_tokens``: its budget, or a tuple of the budgets the server may use (it names two)."""
         with self.lock:
             group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
         # A budget is judged as it was asked for, however large (a server clamps 2**63 - 1 to its
         # window, and a `length` then is the window's); one that is no positive integer is unknown,
-        # and nothing is then taken to be at the cap.
-        if type(max_tokens) is not int or max_tokens <= 0:
-            max_tokens = None
-        is_evidence = max_tokens is not None and max_tokens >= self.settings.min_max_tokens
+        # and nothing is then taken to be at the cap. Of two, a stop is at the cap only at the
+        # larger, a `length` is the cap's from the smaller, and the rule judges only where both count.
+        readings = max_tokens if isinstance(max_tokens, tuple) and max_tokens else (max_tokens,)
+        known = all(type(b) is int and b > 0 for b in readings)
+        largest, fewest = (max(readings), min(readings)) if known else (None, None)
+        is_evidence = fewest is not None and fewest >= self.settings.min_max_tokens
         model = getattr(lm, "model", None)
         return Request(
-            group, list(prompts), max_tokens, is_evidence, model if isinstance(model, str) else None,
-            public_url(getattr(lm, "base_url", None)), backend, tasks,
+            group, list(prompts), largest, is_evidence, model if isinstance(model, str) else None,
+            public_url(getattr(lm, "base_url", None)), backend, tasks, fewest,
         )  # fmt: skip
 
     def failed(self, request: Request) -> None:
@@ -212,7 +215,7 @@ class Probe:
             self._tasks_of_request(request)
             self.tasks.of(request.task_of_choice(index)).flagged += 1
             group = request.group
-            group.tally.flag(request.max_tokens)
+            group.tally.flag(request.budgets)
             if not group.tripped and not group.trip_failed and group.tally.fires(settings):
                 self._trip(group, request)
 
@@ -229,7 +232,7 @@ class Probe:
     def _record(self, request: Request, response: Any) -> None:
         if request.observed:
             return
-        choices = describe_choices(response, request.max_tokens)
+        choices = describe_choices(response, request.max_tokens, request.fewest)
         group = request.group
         with self.lock:
             if request.observed:  # observed meanwhile by another thread
@@ -242,15 +245,13 @@ class Probe:
             for choice in choices:
                 task = request.task_of_choice(choice.index)
                 flagged = choice.index in request.flagged
-                self.tasks.of(task).add(
-                    choice, request.max_tokens, request.is_evidence, flagged, choice.index in watched
-                )
+                self.tasks.of(task).add(choice, request.budgets, request.is_evidence, flagged, choice.index in watched)
             if not request.is_evidence:
                 return
             # The gate's slow start learns from what the request's answers said; a flagged
             # choice is the pathological outcome it was flagged as, however it ended.
             request.labels = [REPETITION if c.index in request.flagged else c.rule_label for c in choices]
-            group.tally.add_choices([c for c in choices if c.index not in request.flagged], request.max_tokens)
+            group.tally.add_choices([c for c in choices if c.index not in request.flagged], request.budgets)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
                 self._trip(group, request)
 
