@@ -117,7 +117,8 @@ def sse(chunks: list[Any], done: bool = True) -> list[str]:
 
 def _maybe_so_far(chunks: list[dict[str, Any]]) -> bool:
     """Whether some field of some choice of ``chunks`` has a non-empty piece that extends or
-    repeats the one before (a character being decoded may show as U+FFFD), as the text so far does."""
+    repeats the one before (a character being decoded may show as U+FFFD), or is the start of it
+    (a stop string cut), as the text so far does."""
     fields: dict[tuple[int, str], list[str]] = {}
     for chunk in chunks:
         for choice in chunk["choices"]:
@@ -126,7 +127,9 @@ def _maybe_so_far(chunks: list[dict[str, Any]]) -> bool:
                 if isinstance(value, str) and value:
                     fields.setdefault((choice["index"], name), []).append(value)
     return any(
-        b.startswith(a.rstrip("\ufffd") or a) for pieces in fields.values() for a, b in itertools.pairwise(pieces)
+        b.startswith(a.rstrip("\ufffd") or a) or a.startswith(b)
+        for pieces in fields.values()
+        for a, b in itertools.pairwise(pieces)
     )
 
 
