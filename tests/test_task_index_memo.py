@@ -242,3 +242,24 @@ def test_an_answer_is_kept_for_the_working_directory_it_was_read_in(tmp_path: Pa
             assert get(None, builtin) == {"read in": str(there)}
             assert load(f"{builtin}/x.yaml", resolve_func=False) == {"read in": str(there)}
     assert (memo.misses, memo.hits) == (4, 4)
+    before = there.stat().st_mtime_ns
+    (there / "_template_yaml").write_text("tag: planted\n")  # a file lm-eval may include from here
+    os.utime(there, ns=(before + 10**9, before + 10**9))  # later (a clock tick may hold both times)
+    assert get(None, builtin) == {"read in": str(there)} and memo.misses == 5
+
+
+@pytest.mark.release_independent
+def test_a_working_directory_that_is_gone_memoizes_nothing_and_breaks_nothing(tmp_path: Path, monkeypatch) -> None:
+    memo = task_index_memo.TaskIndexMemo(str(tmp_path / "memo"))
+    builtin = str(fake_installation(tmp_path / "site", b"r"))
+    memo.file = memo.memo_file(builtin)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    load = memo.per_file(lambda path, **kwargs: {"read": str(path)}, builtin)
+    get = memo.per_directory(lambda manager, task_dir: {"read": task_dir}, builtin)
+    for _ in range(2):
+        assert load(f"{builtin}/x.yaml", resolve_func=False) == {"read": f"{builtin}/x.yaml"}
+        assert get(None, builtin) == {"read": builtin}
+    assert (memo.hits, memo.misses) == (0, 0)

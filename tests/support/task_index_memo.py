@@ -16,8 +16,9 @@ later runs get a fresh copy of it instead of parsing the files again:
 - 0.4.9.2 and InferenceX's b315ef3: what ``TaskManager._get_task_and_group`` makes of the
   built-in task directory (names, kinds and paths: plain data).
 
-Each answer is kept for the working directory it was read in: 0.4.9.2 and b315ef3 look for a
-relative ``include:`` there first. Task files outside lm-eval's own directory (every test's own
+Each answer is kept for the working directory it was read in, as its entries were then: 0.4.9.2
+and b315ef3 look for a relative ``include:`` there first (a working directory that cannot be had,
+removed, memoizes nothing). Task files outside lm-eval's own directory (every test's own
 task), any other call, and an installation without a RECORD beside it (an editable one) go to
 lm-eval untouched. Not seen: a task file rewritten with its size and modification time kept (as
 ``cp -p`` copies), or changed after ``lm_eval.tasks`` was imported in the process that indexes. Standard
@@ -129,7 +130,10 @@ class TaskIndexMemo:
                 name = ""
             if not name.startswith(inside):
                 return load_yaml(path, *args, **kwargs)
-            key = ("file", name, bool(kwargs.get("recursive", True)), os.getcwd())
+            here = working_directory()
+            if here is None:
+                return load_yaml(path, *args, **kwargs)
+            key = ("file", name, bool(kwargs.get("recursive", True)), here)
             return self.answer(key, load_yaml, path, *args, **kwargs)
 
         load_yaml_memoized.__wrapped__ = load_yaml  # type: ignore[attr-defined]
@@ -140,9 +144,10 @@ class TaskIndexMemo:
         task directory."""
 
         def _get_task_and_group_memoized(manager: Any, task_dir: Any, *args: Any, **kwargs: Any) -> Any:
-            if args or kwargs or os.path.normpath(os.fspath(task_dir)) != builtin:
+            here = working_directory()
+            if here is None or args or kwargs or os.path.normpath(os.fspath(task_dir)) != builtin:
                 return get(manager, task_dir, *args, **kwargs)
-            return self.answer(("directory", os.getcwd()), get, manager, task_dir)
+            return self.answer(("directory", here), get, manager, task_dir)
 
         _get_task_and_group_memoized.__wrapped__ = get  # type: ignore[attr-defined]
         return _get_task_and_group_memoized
@@ -212,6 +217,15 @@ class TaskIndexMemo:
                     os.remove(temporary)
         except Exception:
             pass  # a later run writes it
+
+
+def working_directory() -> tuple[str, int] | None:
+    """The working directory and the time its entries last changed (a file named like a relative
+    include put there or taken away), or None when it cannot be had (removed): nothing is memoized."""
+    try:
+        return os.getcwd(), os.stat(".").st_mtime_ns
+    except OSError:
+        return None
 
 
 def files_now(builtin: str) -> bytes:
