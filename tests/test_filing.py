@@ -205,6 +205,36 @@ def test_a_max_completion_tokens_no_server_reads_leaves_max_tokens_the_budget(
     assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048])
 
 
+@pytest.mark.parametrize("server_class", [SimServer, _MaxTokensFirst], ids=["vllm-order", "sglang-order"])
+def test_a_null_max_tokens_leaves_max_completion_tokens_the_budget(probed, result_dir, server_class) -> None:
+    """max_tokens=None beside max_completion_tokens: lm-eval sends the null, and a server of either
+    order then takes max_completion_tokens: the run is judged by it, and trips."""
+    kwargs = {**GEN_KWARGS, "max_tokens": None, "max_completion_tokens": 2048}
+    with server_class("never_stop") as server:
+        answers = _run_chat(server, kwargs)
+    assert answers.count("") >= 40 - 16 - 4
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048])
+
+
+def test_two_budgets_the_rule_cannot_judge_are_said_once_with_the_setting_that_ends_it(sim, probed, capsys) -> None:
+    """max_completion_tokens=4096 alone: lm-eval still sends its default max_tokens (256), which
+    some servers take; the rule judges neither, and says so once, naming what to set."""
+    server = sim("never_stop")
+    kwargs = {key: value for key, value in GEN_KWARGS.items() if key != "max_tokens"}
+    answers = _run_chat(server, {**kwargs, "max_completion_tokens": 4096}, 24)
+    assert "" not in answers  # not judged: nothing blanked
+    found = probed.evidence_document()["tasks"]["t"]
+    assert (found["observations"], found["below_min_max_tokens"], found["tripped"]) == (24, 24, False)
+    err = capsys.readouterr().err  # lm-eval's progress bar may share the line
+    said = [line[line.index("[lm-eval-probe]") :] for line in err.splitlines() if "max_completion_tokens 4096" in line]
+    assert said == [
+        "[lm-eval-probe] chat requests name max_tokens 256 and max_completion_tokens 4096, which servers read in "
+        "different orders, and the smaller is below HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS=1024: the trip rule does "
+        "not judge them; give max_tokens and max_completion_tokens the same value in --gen_kwargs to have them judged"
+    ]
+
+
 def test_the_summary_counts_what_the_rule_does_not_judge(sim, local_task, tmp_path) -> None:
     """A never-stopping model under a budget below MIN_MAX_TOKENS: every answer cut off, none
     judged; the run's summary says both, not just '0 of 0 cut off'."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from probe.runtime import state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
+from probe.runtime.contract import ENV_MIN_MAX_TOKENS
 from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
 from probe.runtime.integration import Integration
@@ -44,12 +45,14 @@ def _max_tokens(lm: Any, gen_kwargs: Any, messages: list[Any]) -> int | tuple[in
     (lm-eval passes it on beside max_tokens) names two, which chat servers read in different
     orders (vLLM and OpenAI take max_completion_tokens first, some SGLang releases max_tokens): both
     are returned, for the probe to judge by what holds under either. A null one is not sent as a
-    budget (vLLM then takes max_tokens)."""
-    value = _as_int(gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", getattr(lm, "_max_gen_toks", None))))
+    budget: the server then takes the other, whichever of the two it is."""
+    value = gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", getattr(lm, "_max_gen_toks", None)))
     other = gen_kwargs.get("max_completion_tokens")
     if other is None or not messages or type(messages[0]).__name__ != "JsonChatStr":
-        return value
-    return value, _as_int(other)
+        return _as_int(value)
+    if value is None:
+        return _as_int(other)
+    return _as_int(value), _as_int(other)
 
 
 def _as_int(value: Any) -> int | None:
@@ -81,7 +84,21 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
     # token ids); the sync path passes the prompts themselves.
     keys = bound.get("cache_keys", extra.get("cache_keys"))
     prompts = [key[0] for key in keys] if isinstance(keys, list) and len(keys) == len(messages) else list(messages)
-    request = probe.request(lm, gen_kwargs, prompts, _max_tokens(lm, gen_kwargs, list(messages)))
+    budget = _max_tokens(lm, gen_kwargs, list(messages))
+    request = probe.request(lm, gen_kwargs, prompts, budget)
+    if (
+        isinstance(budget, tuple)
+        and not request.is_evidence
+        and (request.max_tokens or 0) >= probe.settings.min_max_tokens
+    ):
+        # The smaller reading leaves the rule blind; say so once, with the setting that ends it.
+        least = probe.settings.min_max_tokens
+        probe.errors.once(
+            f"two budgets:{budget}",
+            f"chat requests name max_tokens {budget[0]} and max_completion_tokens {budget[1]}, which servers read "
+            f"in different orders, and the smaller is below {ENV_MIN_MAX_TOKENS}={least}: the trip rule does not "
+            "judge them; give max_tokens and max_completion_tokens the same value in --gen_kwargs to have them judged",
+        )
     request.source = messages
     probe.resume(request)
     return request

@@ -21,7 +21,8 @@ and b315ef3 look for a relative ``include:`` there first (a working directory th
 removed, memoizes nothing). Task files outside lm-eval's own directory (every test's own
 task), any other call, and an installation without a RECORD beside it (an editable one) go to
 lm-eval untouched. Not seen: a task file rewritten with its size and modification time kept (as
-``cp -p`` copies), or changed after ``lm_eval.tasks`` was imported in the process that indexes. Standard
+``cp -p`` copies), a file of the working directory rewritten in place (its directory's time stays),
+or changed after ``lm_eval.tasks`` was imported in the process that indexes. Standard
 library only, and it never breaks a run: a failure of its own leaves lm-eval to do the work.
 ``tests/test_task_index_memo.py`` checks that the index built from the memo is lm-eval's own.
 """
