@@ -123,18 +123,21 @@ pass_0413_hf() {
     pytest_in .venv-vllm "${hf_workers[@]}" -m "hf and not vllm"
 }
 title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas over Ray) with lm-eval 0.4.13"
-# The tests marked alone after the others, by themselves: closing a stream mid-generation needs
-# the client to read its first text while vLLM is still generating, and with a second engine
-# spinning on the other core the client read it only once vLLM had made every token (4 of 6
-# runs side by side, at 1,900 and at 8,000 tokens; 0 of 2 alone).
-# The others in two lanes side by side, a pytest run each, each on a core of its own (as
-# tests/conftest.py holds an xdist worker's), sharing the tiny Llamas they build: the files' module
-# fixtures (vLLM servers, a Ray cluster, a shared unprobed run) start once, and the lanes take
-# about as long. pytest-xdist's --dist loadfile left one worker with test_vllm_offline.py (836 s)
-# while the other's files took 700; its --dist loadgroup does not group under pytest 9.2.
+# Two lanes side by side, a pytest run each, each on a core of its own (as tests/conftest.py holds
+# an xdist worker's), sharing the tiny Llamas they build: the files' module fixtures (vLLM
+# servers, a Ray cluster) and the session's echo server start once, and the lanes take about as
+# long. pytest-xdist's --dist loadfile left one worker with test_vllm_offline.py (836 s) while the
+# other's files took 700; its --dist loadgroup does not group under pytest 9.2.
 # Lane a: the files below (the in-process engine's partial outputs, then the replicas: about
-# 320 + 290 s on a clean clone); lane b: every other vLLM test (test_vllm_offline_start.py,
-# test_stream_vllm.py, test_vllm_e2e.py: about 330 + 175 + 160 s), so that no new file is left out.
+# 350 + 380 s on a clean clone); lane b: every other vLLM test (test_stream_vllm.py,
+# test_vllm_e2e.py, test_vllm_offline_start.py: about 200 + 130 + 420 s, the echo server started
+# once for the first two), so that no new file is left out.
+# The tests marked alone run last in their lane, and in lane b (where they belong) only once lane
+# a is done: closing a stream mid-generation needs the client to read its first text while vLLM is
+# still generating, and with a second engine spinning on the other core the client read it only
+# once vLLM had made every token (4 of 6 runs side by side, at 1,900 and at 8,000 tokens; 0 of 2
+# alone). Lane b keeps its echo server for them (run by themselves after both lanes, they started
+# it again: about 60 s).
 lane_a=(tests/test_vllm_offline.py tests/test_vllm_replicas.py)
 pass_0413_vllm() {
     local status=0 other=0 lane_b cores
@@ -142,18 +145,19 @@ pass_0413_vllm() {
     read -r -a cores <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
     LM_EVAL_PROBE_TINY_LLAMAS="$(mktemp -d)"
     lane_b="$(mktemp)"
-    OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND="${cores[1]:-${cores[0]}}" \
-        pytest_in .venv -m "vllm and not hf and not alone" "${lane_a[@]/#/--ignore=}" >"$lane_b" 2>&1 &
+    local quiet="$LM_EVAL_PROBE_TINY_LLAMAS/lane-a-done"
+    LM_EVAL_PROBE_QUIET_AFTER="$quiet" OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND="${cores[1]:-${cores[0]}}" \
+        pytest_in .venv -m "vllm and not hf" "${lane_a[@]/#/--ignore=}" >"$lane_b" 2>&1 &
     local b=$!
     echo "-- lane a: ${lane_a[*]} (lane b, every other vLLM test, is shown when it is done)"
     OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND="${cores[0]}" \
-        pytest_in .venv -m "vllm and not hf and not alone" "${lane_a[@]}" || status=$?
+        pytest_in .venv -m "vllm and not hf" "${lane_a[@]}" || status=$?
+    touch "$quiet"
     wait "$b" || other=$?
     echo "-- lane b: every other vLLM test"
     cat "$lane_b"
     rm -f "$lane_b"
     [ "$other" = 0 ] || status="$other"
-    pytest_in .venv -m "vllm and not hf and alone" || status=$?
     rm -rf "$LM_EVAL_PROBE_TINY_LLAMAS"
     return "$status"
 }

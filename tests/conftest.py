@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,7 @@ with contextlib.suppress(ImportError):
 from support.inferencex import FIXTURES, SHAPES
 from support.lm import probe_installed
 from support.procs import PROBE_VARS, probe_site
+from support.vllm import ECHO_CAP, serve
 
 from probe.demo.localtask import LocalTask, write_task
 from probe.demo.simserver import SimServer
@@ -43,6 +46,23 @@ def _one_core_per_worker() -> None:
 
 
 _one_core_per_worker()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``alone`` run last in their session (scripts/test.sh then lets them wait for a
+    quiet machine: ``quiet_machine``), keeping the session's servers they share."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
+
+
+@pytest.fixture
+def quiet_machine() -> None:
+    """Waits until the file that LM_EVAL_PROBE_QUIET_AFTER names exists (scripts/test.sh makes it
+    when the other vLLM lane is done); at once where the variable is unset."""
+    flag = os.environ.get("LM_EVAL_PROBE_QUIET_AFTER")
+    deadline = time.monotonic() + 3600
+    while flag and not os.path.exists(flag):
+        assert time.monotonic() < deadline, f"{flag} did not appear within an hour"
+        time.sleep(1)
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +110,14 @@ def local_task(tmp_path: Path) -> LocalTask:
 def site_dir(tmp_path: Path) -> Path:
     """A directory holding the probe's own sitecustomize.py, for subprocesses."""
     return probe_site(tmp_path / "site")
+
+
+@pytest.fixture(scope="session")
+def vllm_echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real vLLM server on the tiny Llama's echo variant, served as "sim", with room for
+    ECHO_CAP tokens: one for the session (an engine start is about 80 s of a core), shared by
+    the files that stream from it and the end-to-end run it never stops for."""
+    yield from serve("echo", tmp_path_factory, "sim", max_model_len=ECHO_CAP + 192)
 
 
 @pytest.fixture(params=SHAPES)

@@ -106,16 +106,15 @@ def test_a_trip_inside_a_batch_ends_it_at_that_step(models, tmp_path) -> None:
     texts = in_batch_order("x" * batch + "~" + "x" * (2 * batch - 1), batch)
     task = write_prompts_task(tmp_path / "task", texts)
     knobs = {**KNOBS, contract.ENV_MIN_SAMPLES: "5"}
-    _, unprobed = evaluate_hf(models / "echo", [task.yaml], tmp_path / "plain", MAX_TOKENS, batch, False)
     run, probed = evaluate_hf(models / "echo", [task.yaml], tmp_path / "probed", MAX_TOKENS, batch, True, **knobs)
-    assert unprobed["generated_tokens"] == 3 * batch * MAX_TOKENS
     assert "summary: TRIPPED (non_terminating)" in run.stderr
     assert probed["generated_tokens"] == batch * MAX_TOKENS + batch * 1  # the second batch ran one step
     assert probed["generate_calls"] == 2
     final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
     assert final["cancelled_in_flight"] == batch - 1 and final["short_circuited_requests"] == 2 * batch - 1
-    plain = answers(tmp_path / "plain")
-    assert plain == ["x" * MAX_TOKENS] * batch + [""] + ["x" * MAX_TOKENS] * (2 * batch - 1)
+    # Unprobed, the echo model answers so (3 * batch * MAX_TOKENS tokens; no unprobed run here, CI
+    # time: what it answers before the trip, below, is what it gives unprobed, or this test fails).
+    plain = ["x" * MAX_TOKENS] * batch + [""] + ["x" * MAX_TOKENS] * (2 * batch - 1)
     # What finished before the trip keeps its answer; the rest is blank.
     assert answers(tmp_path / "probed") == plain[: batch + 1] + [""] * (2 * batch - 1)
     evidence = evidence_of(tmp_path / "probed")["tasks"][task.name]

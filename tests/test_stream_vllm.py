@@ -21,8 +21,7 @@ import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.api_models import JsonChatStr
 from support.lm import chat, completions, probe_installed
-from support.tinymodels import tiny_llama
-from support.vllm import SCRIPTS, vllm_python
+from support.vllm import ECHO_CAP, SCRIPTS, serve
 
 from probe.demo.servercounters import vllm_metrics
 from probe.runtime import state
@@ -39,7 +38,7 @@ GEN_KWARGS = {"until": ["\n\n"], "max_tokens": 200, "temperature": 0}
 ENDINGS = "abcdefghijkl"
 # The closed stream's max_tokens: at the echo model's 640 tokens/s about 12 s of generation.
 # With 1,900 (3 s) CI's busy client twice read its first text only once vLLM had made them all.
-CAP = 8000
+CAP = ECHO_CAP
 
 
 def generate(lm: Any, chat_format: bool) -> list[str]:
@@ -52,30 +51,14 @@ def generate(lm: Any, chat_format: bool) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def echo(tmp_path_factory) -> Iterator[vllm_server.Server]:
-    root = tmp_path_factory.mktemp("vllm")
-    python = vllm_python()
-    model = tiny_llama(python, "echo", tmp_path_factory)
-    # Room for CAP tokens (the tiny Llama holds 8192 positions): a generation long enough to be
-    # closed mid-way on a busy machine.
-    server = vllm_server.start(model, "sim", python, log=root / "vllm.log", max_model_len=CAP + 192)
-    try:
-        yield server
-    finally:
-        vllm_server.stop(server.pid)
+def echo(vllm_echo: vllm_server.Server) -> vllm_server.Server:
+    return vllm_echo
 
 
 @pytest.fixture(scope="module")
 def thinker(tmp_path_factory) -> Iterator[vllm_server.Server]:
     """vLLM with a reasoning parser (deepseek_r1) on the tiny Llama's ``think`` variant."""
-    root = tmp_path_factory.mktemp("vllm-think")
-    python = vllm_python()
-    model = tiny_llama(python, "think", tmp_path_factory)
-    server = vllm_server.start(model, "sim", python, log=root / "vllm.log", extra=("--reasoning-parser", "deepseek_r1"))
-    try:
-        yield server
-    finally:
-        vllm_server.stop(server.pid)
+    yield from serve("think", tmp_path_factory, "sim", extra=("--reasoning-parser", "deepseek_r1"))
 
 
 async def _both(url: str, payload: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -175,7 +158,7 @@ def test_probed_streamed_lm_eval_gets_the_unprobed_answers_from_vllm(
 
 
 @pytest.mark.alone  # see scripts/test.sh
-def test_a_closed_stream_is_aborted_by_vllm(echo) -> None:
+def test_a_closed_stream_is_aborted_by_vllm(echo, quiet_machine) -> None:
     # A trip cancels its group's calls in flight; cancelling one closes its stream. Here one is
     # cancelled mid-generation (on vLLM the requests of a wave end in the same engine step, so a
     # trip through lm-eval leaves none mid-generation to watch: the simulated server's test does).

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
-from support.tinymodels import tiny_llama
-from support.vllm import SCRIPTS, answers, vllm_python
+from support.vllm import SCRIPTS, answers, serve
 
 from probe.demo.localtask import offline_env, write_task
 from probe.demo.servercounters import vllm_metrics
@@ -35,23 +34,16 @@ def task(tmp_path_factory):
     return write_task(tmp_path_factory.mktemp("task"), DOCS)
 
 
-def serve(variant: str, python: str, factory: pytest.TempPathFactory) -> Iterator[vllm_server.Server]:
-    model, root = tiny_llama(python, variant, factory), factory.mktemp("vllm")
-    server = vllm_server.start(model, variant, python, log=root / f"vllm-{variant}.log")
-    try:
-        yield server
-    finally:
-        vllm_server.stop(server.pid)
+@pytest.fixture(scope="module")
+def never_stop(vllm_echo: vllm_server.Server) -> vllm_server.Server:
+    """The session's echo server: each of the task's prompts ends in a character it repeats to
+    the cap (the streaming tests share it: an engine start less)."""
+    return vllm_echo
 
 
 @pytest.fixture(scope="module")
-def never_stop(tmp_path_factory):
-    yield from serve("never_stop", vllm_python(), tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def stops(tmp_path_factory):
-    yield from serve("stops", vllm_python(), tmp_path_factory)
+def stops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.Server]:
+    yield from serve("stops", tmp_path_factory)
 
 
 def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.CompletedProcess, float]:
@@ -68,7 +60,7 @@ def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.Compl
 
 def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path) -> None:
     # Unprobed, every request runs to the cap: DOCS * MAX_TOKENS tokens by vLLM's own count (the
-    # in-process runs that cannot be hooked show it; tests/test_tiny_llama.py checks the model).
+    # echo model repeats each prompt's last character; tests/test_tiny_llama.py checks it).
     run, probed_tokens = evaluate(never_stop, task, tmp_path / "probed", probed=True)
     assert "summary: TRIPPED (non_terminating)" in run.stderr
     # One wave of CONCURRENCY generations, plus the partial tokens of those cancelled.
