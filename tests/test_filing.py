@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.api_models import JsonChatStr
-from support.lm import GEN_KWARGS, chat, completions, prompts
+from support.lm import COMMON, GEN_KWARGS, chat, completions, prompts
 
 from probe.demo.localtask import offline_env
 from probe.demo.simserver import SimServer
@@ -233,6 +233,79 @@ def test_two_budgets_the_rule_cannot_judge_are_said_once_with_the_setting_that_e
         "different orders, and the smaller is below HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS=1024: the trip rule does "
         "not judge them; give max_tokens and max_completion_tokens the same value in --gen_kwargs to have them judged"
     ]
+
+
+def _lm_eval_model(name: str, base_url: str = "http://127.0.0.1:9", num_concurrent: int = 4) -> Any:
+    from lm_eval.models.openai_completions import OpenAIChatCompletion
+
+    if name == "openai-chat":  # lm-eval's OpenAI chat model: sends max_completion_tokens, never max_tokens
+        return OpenAIChatCompletion(
+            base_url=f"{base_url}/v1/chat/completions", num_concurrent=num_concurrent, **COMMON
+        )  # fmt: skip
+    return chat(base_url, num_concurrent) if name == "local-chat" else completions(base_url, num_concurrent)
+
+
+@pytest.mark.parametrize(
+    ("model", "settings", "budget"),
+    [
+        ("openai-chat", {"max_completion_tokens": 4096}, 4096),  # lm-eval's default max_tokens is not sent
+        ("openai-chat", {"max_tokens": 8192, "max_completion_tokens": 2048}, 2048),  # the setting wins
+        ("openai-chat", {"max_tokens": 2048, "max_completion_tokens": None}, None),  # null: no budget at all
+        ("openai-chat", {"max_tokens": 2048}, 2048),
+        ("local-chat", {"max_completion_tokens": 4096}, (256, 4096)),  # beside lm-eval's default max_tokens
+        ("local-chat", {"max_tokens": None, "max_completion_tokens": 2048}, 2048),
+        ("local-chat", {"max_tokens": 2048, "max_completion_tokens": None}, 2048),
+        ("local-chat", {"max_tokens": 2048, "max_completion_tokens": 0}, 2048),  # vLLM: 0 or 2048
+        ("local-chat", {"max_tokens": 0, "max_completion_tokens": 2048}, 2048),
+        ("local-chat", {"max_tokens": None, "max_completion_tokens": None}, None),
+        ("local-chat", {"max_tokens": "4096", "max_completion_tokens": 2048}, (4096, 2048)),
+        ("local-completions", {"max_tokens": 2048, "max_completion_tokens": 512}, 2048),
+        ("local-completions", {"max_gen_toks": 1500}, 1500),
+    ],
+)  # fmt: skip
+def test_the_budget_is_read_off_the_payload_lm_eval_sends(monkeypatch, model, settings, budget) -> None:
+    """What the server is sent decides: a model that sends one budget is judged by that one, a null
+    or zero reading is none (servers take the other), and a null alone leaves none known."""
+    from probe.runtime.api import _max_tokens
+
+    monkeypatch.setenv("OPENAI_API_KEY", "not used")
+    lm = _lm_eval_model(model)
+    text = "Question: 1 + 1?"
+    messages = [JsonChatStr(json.dumps([{"role": "user", "content": text}]))] if "chat" in model else [text]
+    assert _max_tokens(lm, {"until": ["\n\n"], "temperature": 0, **settings}, messages) == budget
+
+
+def test_a_model_whose_payload_cannot_be_built_is_read_as_lm_eval_computes_it() -> None:
+    """A pipeline's own API model without lm-eval's payload builder: max_tokens, else max_gen_toks,
+    else the model's default, beside a chat request's max_completion_tokens."""
+    from probe.runtime.api import _max_tokens
+
+    class Model:
+        _max_gen_toks = 300
+
+    message = [JsonChatStr(json.dumps([{"role": "user", "content": "q"}]))]
+    assert _max_tokens(Model(), {"max_gen_toks": 1500}, ["q"]) == 1500
+    assert _max_tokens(Model(), {"max_completion_tokens": 2048}, ["q"]) == 300
+    assert _max_tokens(Model(), {"max_completion_tokens": 2048}, message) == (300, 2048)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
+def test_a_model_that_sends_max_completion_tokens_alone_trips_by_it_and_warns_of_nothing(
+    sim, probed, result_dir, capsys, monkeypatch, concurrency
+) -> None:
+    """lm-eval's OpenAI chat model sends only max_completion_tokens: one budget, judged as one."""
+    monkeypatch.setenv("OPENAI_API_KEY", "not used")
+    server = sim("never_stop")
+    chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(40)]
+    settings = {"until": ["\n\n"], "temperature": 0, "max_completion_tokens": 2048}
+    answers = _lm_eval_model("openai-chat", server.base_url, concurrency).generate_until(
+        [Instance("generate_until", doc={}, arguments=(c, dict(settings)), idx=i, metadata=("t", i, 1))
+         for i, c in enumerate(chats)]
+    )  # fmt: skip
+    assert answers.count("") >= 40 - 16 - 4
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048])
+    assert "chat requests name" not in capsys.readouterr().err
 
 
 def test_the_summary_counts_what_the_rule_does_not_judge(sim, local_task, tmp_path) -> None:
