@@ -257,6 +257,8 @@ def _lm_eval_model(name: str, base_url: str = "http://127.0.0.1:9", num_concurre
         ("local-chat", {"max_tokens": 2048, "max_completion_tokens": None}, 2048),
         ("local-chat", {"max_tokens": 2048, "max_completion_tokens": 0}, 2048),  # vLLM: 0 or 2048
         ("local-chat", {"max_tokens": 0, "max_completion_tokens": 2048}, 2048),
+        ("local-chat", {"max_tokens": 0.0, "max_completion_tokens": 4096}, 4096),  # --gen_kwargs max_tokens=0.0
+        ("local-chat", {"max_tokens": False, "max_completion_tokens": 4096}, 4096),
         ("local-chat", {"max_tokens": None, "max_completion_tokens": None}, None),
         ("local-chat", {"max_tokens": "4096", "max_completion_tokens": 2048}, (4096, 2048)),
         ("local-completions", {"max_tokens": 2048, "max_completion_tokens": 512}, 2048),
@@ -287,6 +289,31 @@ def test_a_model_whose_payload_cannot_be_built_is_read_as_lm_eval_computes_it() 
     assert _max_tokens(Model(), {"max_gen_toks": 1500}, ["q"]) == 1500
     assert _max_tokens(Model(), {"max_completion_tokens": 2048}, ["q"]) == 300
     assert _max_tokens(Model(), {"max_completion_tokens": 2048}, message) == (300, 2048)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
+def test_a_pipelines_own_payload_builder_runs_only_when_lm_eval_calls_it(sim, probed, concurrency) -> None:
+    """The probe reads the budget off lm-eval's own builder only: a pipeline's may count, log or
+    change the prompts it is given, so it is never run a second time (its budget is then computed
+    as lm-eval computes it)."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    class Counted(LocalChatCompletion):
+        calls = 0
+
+        def _create_payload(self, *args: Any, **kwargs: Any) -> dict:
+            type(self).calls += 1
+            return super()._create_payload(*args, **kwargs)
+
+    server = sim("healthy")
+    lm = Counted(base_url=f"{server.base_url}/v1/chat/completions", num_concurrent=concurrency, **COMMON)
+    chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(8)]
+    answers = lm.generate_until(
+        [Instance("generate_until", doc={}, arguments=(c, dict(GEN_KWARGS)), idx=i, metadata=("t", i, 1))
+         for i, c in enumerate(chats)]
+    )  # fmt: skip
+    assert "" not in answers and Counted.calls == server.snapshot()["generate_requests"] == 8
+    assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == [GEN_KWARGS["max_tokens"]]
 
 
 @pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])

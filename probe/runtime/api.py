@@ -41,40 +41,50 @@ _SIGNATURES: dict[Any, inspect.Signature] = {}
 
 
 def _max_tokens(lm: Any, gen_kwargs: Any, messages: list[Any]) -> int | tuple[int | None, ...] | None:
-    """The budget the server uses, read off the payload lm-eval builds for ``messages`` (computed
-    the way lm-eval computes it where that cannot be built). A completions request's is its
-    max_tokens. A chat request may name two, max_tokens and max_completion_tokens (lm-eval's local
-    chat model passes a max_completion_tokens setting on beside max_tokens; its OpenAI model sends
-    max_completion_tokens alone), which chat servers read in different orders (vLLM and OpenAI take
-    max_completion_tokens first, some SGLang releases max_tokens): both are returned, for the probe
-    to judge by what holds under either. A null or zero one is no budget: servers then take the
-    other (vLLM: max_completion_tokens or max_tokens), and where neither is left none is known."""
+    """The budget the server uses, read off the payload lm-eval's own builder makes for these
+    settings (``_payload``; computed the way lm-eval computes it where there is none). A completions
+    request's is its max_tokens. A chat request may name two, max_tokens and max_completion_tokens
+    (lm-eval's local chat model passes a max_completion_tokens setting on beside max_tokens; its
+    OpenAI model sends max_completion_tokens alone), which chat servers read in different orders
+    (vLLM and OpenAI take max_completion_tokens first, some SGLang releases max_tokens): both are
+    returned, for the probe to judge by what holds under either. A null or zero one is no budget:
+    servers then take the other (vLLM: max_completion_tokens or max_tokens), and where neither is
+    left none is known."""
     chat = bool(messages) and type(messages[0]).__name__ == "JsonChatStr"
-    payload = _payload(lm, gen_kwargs, messages)
+    payload = _payload(lm, gen_kwargs, chat)
     if payload is None:  # computed as lm-eval's own models compute it
         default = getattr(lm, "_max_gen_toks", None)
         payload = {"max_tokens": gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", default))}
         payload.update({k: v for k, v in gen_kwargs.items() if k == "max_completion_tokens"})
     if not chat:
         return _as_int(payload.get("max_tokens"))
-    named = [payload[key] for key in ("max_tokens", "max_completion_tokens") if key in payload]
-    readings = [value for value in named if value is not None and not (type(value) is int and value == 0)]
+    named = [payload[key] for key in _BUDGET_KEYS if key in payload]
+    readings = [value for value in named if not (value is None or (type(value) in (int, float, bool) and value == 0))]
     if len(readings) < 2:
         return _as_int(readings[0]) if readings else None
     return _as_int(readings[0]), _as_int(readings[1])
 
 
-def _payload(lm: Any, gen_kwargs: Any, messages: list[Any]) -> dict[str, Any] | None:
-    """The payload lm-eval's model ``lm`` sends for these generate ``messages`` (built as its
-    call builds it, on a copy of the settings: building it pops them), or None where it cannot be."""
+_BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def _payload(lm: Any, gen_kwargs: Any, chat: bool) -> dict[str, Any] | None:
+    """The payload lm-eval's own builder (``_create_payload``) makes from a copy of these settings
+    (building it pops them) for an empty prompt, with no end-of-text string: the budget depends on
+    neither, and reading the model's (``eos_string``) may ask a server for its tokenizer. None where
+    the builder is a pipeline's own (it may have side effects, run twice here), fails, or names no
+    budget in these keys (sglang-generate's nests it)."""
+    build = getattr(type(lm), "_create_payload", None)
+    if not str(getattr(build, "__module__", "")).startswith("lm_eval."):
+        return None
     try:
+        prompt: Any = [{"role": "user", "content": ""}] if chat else ""
         payload = lm._create_payload(
-            lm.create_message(messages), generate=True, gen_kwargs=copy.deepcopy(dict(gen_kwargs)),
-            seed=lm._seed, eos=lm.eos_string,
+            prompt, generate=True, gen_kwargs=copy.deepcopy(dict(gen_kwargs)), seed=getattr(lm, "_seed", 1234), eos=None
         )  # fmt: skip
     except Exception:
         return None
-    return payload if isinstance(payload, dict) else None
+    return payload if isinstance(payload, dict) and any(key in payload for key in _BUDGET_KEYS) else None
 
 
 def _as_int(value: Any) -> int | None:
