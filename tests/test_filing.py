@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.api_models import JsonChatStr
-from support.lm import COMMON, GEN_KWARGS, chat, completions, prompts
+from support.lm import GEN_KWARGS, chat, completions, prompts
 
 from probe.demo.localtask import offline_env
 from probe.demo.simserver import SimServer
@@ -143,12 +143,15 @@ class _MaxTokensFirst(SimServer):
         return await super()._completions(request)
 
 
-def _run_chat(server: SimServer, kwargs: dict, n: int = 40) -> list[str]:
+def _chats(kwargs: dict, n: int) -> list[Instance]:
+    """``n`` chat requests of task "t" under the generation settings ``kwargs``."""
     chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(n)]
-    return chat(server.base_url, num_concurrent=4).generate_until(
-        [Instance("generate_until", doc={}, arguments=(c, dict(kwargs)), idx=i, metadata=("t", i, 1))
-         for i, c in enumerate(chats)]
-    )  # fmt: skip
+    return [Instance("generate_until", doc={}, arguments=(c, dict(kwargs)), idx=i, metadata=("t", i, 1))
+            for i, c in enumerate(chats)]  # fmt: skip
+
+
+def _run_chat(server: SimServer, kwargs: dict, n: int = 40) -> list[str]:
+    return chat(server.base_url, num_concurrent=4).generate_until(_chats(kwargs, n))
 
 
 @pytest.mark.parametrize(
@@ -239,9 +242,7 @@ def _lm_eval_model(name: str, base_url: str = "http://127.0.0.1:9", num_concurre
     from lm_eval.models.openai_completions import OpenAIChatCompletion
 
     if name == "openai-chat":  # lm-eval's OpenAI chat model: sends max_completion_tokens, never max_tokens
-        return OpenAIChatCompletion(
-            base_url=f"{base_url}/v1/chat/completions", num_concurrent=num_concurrent, **COMMON
-        )  # fmt: skip
+        return chat(base_url, num_concurrent, OpenAIChatCompletion)
     return chat(base_url, num_concurrent) if name == "local-chat" else completions(base_url, num_concurrent)
 
 
@@ -306,12 +307,7 @@ def test_a_pipelines_own_payload_builder_runs_only_when_lm_eval_calls_it(sim, pr
             return super()._create_payload(*args, **kwargs)
 
     server = sim("healthy")
-    lm = Counted(base_url=f"{server.base_url}/v1/chat/completions", num_concurrent=concurrency, **COMMON)
-    chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(8)]
-    answers = lm.generate_until(
-        [Instance("generate_until", doc={}, arguments=(c, dict(GEN_KWARGS)), idx=i, metadata=("t", i, 1))
-         for i, c in enumerate(chats)]
-    )  # fmt: skip
+    answers = chat(server.base_url, concurrency, Counted).generate_until(_chats(GEN_KWARGS, 8))
     assert "" not in answers and Counted.calls == server.snapshot()["generate_requests"] == 8
     assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == [GEN_KWARGS["max_tokens"]]
 
@@ -323,12 +319,8 @@ def test_a_model_that_sends_max_completion_tokens_alone_trips_by_it_and_warns_of
     """lm-eval's OpenAI chat model sends only max_completion_tokens: one budget, judged as one."""
     monkeypatch.setenv("OPENAI_API_KEY", "not used")
     server = sim("never_stop")
-    chats = [JsonChatStr(json.dumps([{"role": "user", "content": p}])) for p in prompts(40)]
     settings = {"until": ["\n\n"], "temperature": 0, "max_completion_tokens": 2048}
-    answers = _lm_eval_model("openai-chat", server.base_url, concurrency).generate_until(
-        [Instance("generate_until", doc={}, arguments=(c, dict(settings)), idx=i, metadata=("t", i, 1))
-         for i, c in enumerate(chats)]
-    )  # fmt: skip
+    answers = _lm_eval_model("openai-chat", server.base_url, concurrency).generate_until(_chats(settings, 40))
     assert answers.count("") >= 40 - 16 - 4
     trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
     assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048])

@@ -55,7 +55,8 @@ def _max_tokens(lm: Any, gen_kwargs: Any, messages: list[Any]) -> int | tuple[in
     if payload is None:  # computed as lm-eval's own models compute it
         default = getattr(lm, "_max_gen_toks", None)
         payload = {"max_tokens": gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", default))}
-        payload.update({k: v for k, v in gen_kwargs.items() if k == "max_completion_tokens"})
+        if "max_completion_tokens" in gen_kwargs:
+            payload["max_completion_tokens"] = gen_kwargs["max_completion_tokens"]
     if not chat:
         return _as_int(payload.get("max_tokens"))
     named = [payload[key] for key in _BUDGET_KEYS if key in payload]

@@ -24,8 +24,9 @@ def completions(base_url: str, num_concurrent: int = 8, batch_size: int = 1, **e
     return LocalCompletionsAPI(base_url=url, num_concurrent=num_concurrent, batch_size=batch_size, **COMMON, **extra)
 
 
-def chat(base_url: str, num_concurrent: int = 8) -> LocalChatCompletion:
-    return LocalChatCompletion(base_url=f"{base_url}/v1/chat/completions", num_concurrent=num_concurrent, **COMMON)
+def chat(base_url: str, num_concurrent: int = 8, model: type[LocalChatCompletion] = LocalChatCompletion) -> Any:
+    """lm-eval's local chat model (or ``model``, a subclass: its OpenAI chat model, a pipeline's own)."""
+    return model(base_url=f"{base_url}/v1/chat/completions", num_concurrent=num_concurrent, **COMMON)
 
 
 def prompts(n: int) -> list[str]:
