@@ -42,7 +42,8 @@ random unit embeddings (more tokens than dimensions) and each chain character's 
 the embedding of the one before it. The rest
 (random weights, head size 64, a character-level vocabulary, a chat template) keeps
 vLLM's CPU backend and lm-eval's chat path working. Run with the vLLM environment's
-Python: ``python scripts/tiny_llama.py DIR --variant never_stop``.
+Python: ``python scripts/tiny_llama.py DIR --variant never_stop``; with several ``--variant``,
+one process builds each into ``DIR/VARIANT`` (torch and transformers imported once).
 """
 
 from __future__ import annotations
@@ -176,10 +177,14 @@ def _babble(model: object, allowed: list[bool]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("--variant", choices=sorted(FIRST_TOKEN), required=True)
+    parser.add_argument("directory", type=Path, help="the model's directory; with several variants, their parent")
+    parser.add_argument("--variant", choices=sorted(FIRST_TOKEN), required=True, action="append")
     args = parser.parse_args()
-    print(build(args.directory, args.variant))
+    if len(args.variant) == 1:
+        print(build(args.directory, args.variant[0]))
+        return
+    for variant in dict.fromkeys(args.variant):
+        print(build(args.directory / variant, variant))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.hf import evaluate_hf, in_batch_order, tiny_llama, write_choice_task, write_prompts_task
+from support.hf import evaluate_hf, in_batch_order, tiny_llamas, write_choice_task, write_prompts_task
 from support.procs import PYTHON
 from support.vllm import answers
 
@@ -32,8 +32,7 @@ KNOBS = {contract.ENV_MIN_MAX_TOKENS: "0"}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    built = [tiny_llama(variant, tmp_path_factory) for variant in ("never_stop", "stops", "echo")]
-    return built[0].parent  # they share it
+    return tiny_llamas(("never_stop", "stops", "echo"), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,12 @@ def tiny_llama(variant: str, factory: pytest.TempPathFactory) -> Path:
     return tinymodels.tiny_llama(hf_python(), variant, factory)
 
 
+def tiny_llamas(variants: tuple[str, ...], factory: pytest.TempPathFactory) -> Path:
+    """The directory that holds the tiny Llamas ``variants`` as this backend's Python builds
+    them, one folder each, built together on the session's first ask."""
+    return tinymodels.tiny_llamas(hf_python(), variants, factory)
+
+
 def evaluate_hf(
     model: Path,
     tasks: list[Path],

@@ -16,8 +16,8 @@ import pytest
 from probe.demo.localtask import LocalTask, offline_env
 from probe.demo.servercounters import parse_vllm_metrics
 from probe.runtime import contract
+from support import tinymodels
 from support.procs import PYTHON
-from support.tinymodels import tiny_llama
 from support.vllm import SCRIPTS, vllm_python
 
 MAX_TOKENS = 1024
@@ -29,8 +29,7 @@ VARIANTS = ("never_stop", "stops", "babble")
 
 def tiny_llamas(factory: pytest.TempPathFactory) -> Path:
     """The directory that holds the tiny Llamas these tests run, one folder per variant."""
-    built = [tiny_llama(vllm_python(), variant, factory) for variant in VARIANTS]
-    return built[0].parent  # they share it
+    return tinymodels.tiny_llamas(vllm_python(), VARIANTS, factory)
 
 
 def evaluate(

@@ -9,6 +9,7 @@ change a model's files.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -38,16 +39,30 @@ def session_directory(factory: pytest.TempPathFactory) -> Path:
 def tiny_llama(python: str, variant: str, factory: pytest.TempPathFactory) -> Path:
     """The directory of the tiny Llama ``variant`` as ``python`` builds it (its transformers
     writes the files), built on the session's first ask; several of one ``python`` share a parent."""
+    return tiny_llamas(python, (variant,), factory) / variant
+
+
+def tiny_llamas(python: str, variants: tuple[str, ...], factory: pytest.TempPathFactory) -> Path:
+    """The directory that holds the tiny Llamas ``variants`` as ``python`` builds them, one
+    folder each: those not built yet this session are built by one process (torch and
+    transformers start once, not once a model)."""
     key = hashlib.sha256(python.encode() + b"\0" + SCRIPT.read_bytes()).hexdigest()[:16]
     parent = session_directory(factory) / "tiny-llamas" / key
     parent.mkdir(parents=True, exist_ok=True)
-    model = parent / variant
-    with open(parent / f".{variant}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
-        if not model.is_dir():
+    with contextlib.ExitStack() as locks:
+        for variant in sorted(set(variants)):  # one order for every worker: no deadlock
+            lock = locks.enter_context(open(parent / f".{variant}.lock", "w"))
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+        missing = sorted(v for v in set(variants) if not (parent / v).is_dir())
+        if missing:
             # Built aside and renamed: a build that failed or was killed leaves no model behind.
-            building = parent / f".{variant}.building"
+            building = parent / f".building-{os.getpid()}"
             shutil.rmtree(building, ignore_errors=True)
-            subprocess.run([python, str(SCRIPT), str(building), "--variant", variant], check=True)
-            building.rename(model)
-    return model
+            command = [python, str(SCRIPT), str(building), *(f"--variant={v}" for v in missing)]
+            if len(missing) == 1:
+                command[2] = str(building / missing[0])
+            subprocess.run(command, check=True)
+            for variant in missing:
+                (building / variant).rename(parent / variant)
+            shutil.rmtree(building, ignore_errors=True)
+    return parent
