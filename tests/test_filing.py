@@ -4,9 +4,12 @@ the simulated server, the probe installed in-process."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -292,23 +295,48 @@ def test_a_model_whose_payload_cannot_be_built_is_read_as_lm_eval_computes_it() 
     assert _max_tokens(Model(), {"max_completion_tokens": 2048}, message) == (300, 2048)
 
 
-@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
-def test_a_pipelines_own_payload_builder_runs_only_when_lm_eval_calls_it(sim, probed, concurrency) -> None:
-    """The probe reads the budget off lm-eval's own builder only: a pipeline's may count, log or
-    change the prompts it is given, so it is never run a second time (its budget is then computed
-    as lm-eval computes it)."""
+def _counted_builder(how: str) -> tuple[type, Callable[[], int], Callable[[Any], None]]:
+    """lm-eval's local chat model with a pipeline's payload builder that counts its calls,
+    installed ``how``: on a subclass, as a patch of lm-eval's class made with functools.wraps
+    (which gives it lm-eval's module and name), or on the instance. Returns the model class, the
+    count, and what installs it on an instance; the patch of lm-eval's class is undone by the
+    caller (monkeypatch)."""
     from lm_eval.models.openai_completions import LocalChatCompletion
 
-    class Counted(LocalChatCompletion):
-        calls = 0
+    calls = [0]
+    original = LocalChatCompletion._create_payload
 
-        def _create_payload(self, *args: Any, **kwargs: Any) -> dict:
-            type(self).calls += 1
-            return super()._create_payload(*args, **kwargs)
+    @functools.wraps(original)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> dict:
+        calls[0] += 1
+        return original(self, *args, **kwargs)
 
+    model: type = LocalChatCompletion
+    if how == "subclass":
+        model = type("Counted", (LocalChatCompletion,), {"_create_payload": counted, "__module__": __name__})
+    elif how == "patched class":
+        LocalChatCompletion._create_payload = counted
+    on_instance = (lambda lm: setattr(lm, "_create_payload", partial(counted, lm))) if how == "instance" else None
+    return model, lambda: calls[0], on_instance or (lambda lm: None)
+
+
+@pytest.mark.parametrize("how", ["subclass", "patched class", "instance"])
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
+def test_a_pipelines_own_payload_builder_runs_only_when_lm_eval_calls_it(
+    sim, probed, monkeypatch, concurrency, how
+) -> None:
+    """The probe reads the budget off lm-eval's own builder only: a pipeline's may count, log or
+    change the prompts it is given, so it is never run a second time, however it is installed
+    (the budget is then what lm-eval's own builder makes of the settings)."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    monkeypatch.setattr(LocalChatCompletion, "_create_payload", LocalChatCompletion._create_payload)
+    model, calls, install = _counted_builder(how)
     server = sim("healthy")
-    answers = chat(server.base_url, concurrency, Counted).generate_until(_chats(GEN_KWARGS, 8))
-    assert "" not in answers and Counted.calls == server.snapshot()["generate_requests"] == 8
+    lm = chat(server.base_url, concurrency, model)
+    install(lm)
+    answers = lm.generate_until(_chats(GEN_KWARGS, 8))
+    assert "" not in answers and calls() == server.snapshot()["generate_requests"] == 8
     assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == [GEN_KWARGS["max_tokens"]]
 
 

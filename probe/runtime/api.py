@@ -18,6 +18,8 @@ import asyncio
 import contextvars
 import copy
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -70,22 +72,50 @@ _BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
 
 
 def _payload(lm: Any, gen_kwargs: Any, chat: bool) -> dict[str, Any] | None:
-    """The payload lm-eval's own builder (``_create_payload``) makes from a copy of these settings
-    (building it pops them) for an empty prompt, with no end-of-text string: the budget depends on
-    neither, and reading the model's (``eos_string``) may ask a server for its tokenizer. None where
-    the builder is a pipeline's own (it may have side effects, run twice here), fails, or names no
-    budget in these keys (sglang-generate's nests it)."""
-    build = getattr(type(lm), "_create_payload", None)
-    if not str(getattr(build, "__module__", "")).startswith("lm_eval."):
+    """The payload lm-eval's own builder for this model (``_own_builder``) makes from a copy of
+    these settings (building it pops them) for an empty prompt, with no end-of-text string: the
+    budget depends on neither, and reading the model's (``eos_string``) may ask a server for its
+    tokenizer. None where lm-eval has no builder for it, the builder fails, or names no budget
+    in these keys (sglang-generate's nests it)."""
+    build = _own_builder(lm)
+    if build is None:
         return None
     try:
         prompt: Any = [{"role": "user", "content": ""}] if chat else ""
-        payload = lm._create_payload(
-            prompt, generate=True, gen_kwargs=copy.deepcopy(dict(gen_kwargs)), seed=getattr(lm, "_seed", 1234), eos=None
+        payload = build(
+            lm, prompt, generate=True, gen_kwargs=copy.deepcopy(dict(gen_kwargs)), seed=getattr(lm, "_seed", 1234),
+            eos=None,
         )  # fmt: skip
     except Exception:
         return None
     return payload if isinstance(payload, dict) and any(key in payload for key in _BUDGET_KEYS) else None
+
+
+def _own_builder(lm: Any) -> Callable | None:
+    """lm-eval's own ``_create_payload`` for ``lm``: the first along its class's MRO whose code lies
+    in lm-eval's package, as lm-eval wrote it (a patch made with ``functools.wraps`` unwrapped);
+    None where there is none. Never a pipeline's own, on its class, on lm-eval's or on the
+    instance: it may count, log or change what it is given, and run twice here it would."""
+    home = _lm_eval_home()
+    for cls in type(lm).__mro__:
+        found = vars(cls).get("_create_payload")
+        if found is None:
+            continue
+        try:
+            function = inspect.unwrap(found)
+        except ValueError:  # a cycle of __wrapped__
+            continue
+        code = getattr(function, "__code__", None)
+        if home and code is not None and code.co_filename.startswith(home):
+            return function
+    return None
+
+
+def _lm_eval_home() -> str:
+    """The directory of the lm-eval package in this process, ending in a separator ('' if none)."""
+    module = sys.modules.get("lm_eval")
+    where = getattr(module, "__file__", None)
+    return os.path.join(os.path.dirname(where), "") if where else ""
 
 
 def _as_int(value: Any) -> int | None:
