@@ -130,8 +130,8 @@ title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas
 # other's files took 700; its --dist loadgroup does not group under pytest 9.2.
 # Lane a: the files below (the in-process engine's partial outputs, then the replicas: about
 # 350 + 380 s on a clean clone); lane b: every other vLLM test (test_stream_vllm.py,
-# test_vllm_e2e.py, test_vllm_offline_start.py: about 200 + 130 + 420 s, the echo server started
-# once for the first two), so that no new file is left out.
+# test_vllm_e2e.py, test_vllm_offline_start.py: about 200 + 60 + 330 s, one echo server for the
+# first two, whose prompts make it stop or loop), so that no new file is left out.
 # The tests marked alone run last in their lane, and in lane b (where they belong) only once lane
 # a is done: closing a stream mid-generation needs the client to read its first text while vLLM is
 # still generating, and with a second engine spinning on the other core the client read it only

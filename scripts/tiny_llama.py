@@ -15,7 +15,8 @@
   sequence ends each answer after one token (``finish_reason: stop``) with the answer
   " 7": a healthy model that is right when the answer is 7.
 - ``echo``: it repeats the last character of its prompt forever, except after ``~``, where
-  it emits EOS at once: whether a generation ever stops depends on the prompt.
+  it emits EOS at once, and after ``!``, where it answers ``~`` and stops: whether a
+  generation ever stops depends on the prompt.
 - ``think``: ``echo`` with ``<think>`` and ``</think>`` in its vocabulary (which vLLM's
   ``deepseek_r1`` reasoning parser needs) and a chat template that ends with the user's text:
   served with that parser, a chat answer that never emits ``</think>`` is all reasoning
@@ -37,7 +38,7 @@ every weight that reads its input are zero), so the last hidden state is the sam
 position, and the output head gives the allowed characters logit 0 and the others -34. For
 ``echo`` the layers add nothing (their output projections are zero), the embeddings are
 orthonormal, and the output head is the embedding matrix, so the greedy pick is the current
-token; its EOS row is twice ``~``'s embedding. ``countdown`` is built the same way, with
+token; its EOS row is twice ``~``'s embedding, and ``~``'s row adds twice ``!``'s. ``countdown`` is built the same way, with
 random unit embeddings (more tokens than dimensions) and each chain character's output row
 the embedding of the one before it. The rest
 (random weights, head size 64, a character-level vocabulary, a chat template) keeps
@@ -60,6 +61,7 @@ FIRST_TOKEN = {
 BABBLE = set(string.ascii_lowercase + " ")  # what babble draws from: no stop sequence can form
 BANNED_LOGIT = 34.0  # the babble head's logit for every other token, below the allowed ones
 ECHO_STOP = "~"  # the echo variant's one character followed by EOS
+ECHO_ANSWER = "!"  # the one it follows with ECHO_STOP: a stopping answer that is not empty
 CHAIN_LENGTH = 2048  # the countdown variant's chain: its longest answer is one less
 CHAIN = [chr(0x4E00 + i) for i in range(CHAIN_LENGTH)]  # CJK ideographs: no stop sequence, no loop
 SPECIALS = ["<s>", "</s>", "<unk>", "<pad>"]
@@ -114,6 +116,7 @@ def build(directory: Path, variant: str) -> Path:
                 layer.mlp.down_proj.weight.zero_()
             model.lm_head.weight.copy_(embeddings)
             model.lm_head.weight[vocab["</s>"]] = 2 * embeddings[vocab[ECHO_STOP]]
+            model.lm_head.weight[vocab[ECHO_STOP]] += 2 * embeddings[vocab[ECHO_ANSWER]]
         elif variant == "countdown":
             _countdown(model, [vocab[c] for c in CHAIN], vocab["</s>"])
         elif variant == "babble":

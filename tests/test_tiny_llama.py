@@ -1,6 +1,8 @@
-"""The tiny Llama's ``countdown`` variant (scripts/tiny_llama.py): the healthy model that
-``benchmarks/bench_healthy.py --server vllm`` serves, whose answer lengths it sets prompt by
-prompt. Checked with transformers' greedy decoding, in the Hugging Face environment."""
+"""Tiny Llamas of scripts/tiny_llama.py whose answers depend on the prompt: the ``countdown``
+variant, the healthy model that ``benchmarks/bench_healthy.py --server vllm`` serves, whose
+answer lengths it sets prompt by prompt, and the ``echo`` variant, which stops or loops by the
+prompt's last character. Checked with transformers' greedy decoding, in the Hugging Face
+environment."""
 
 from __future__ import annotations
 
@@ -68,3 +70,28 @@ def test_a_countdown_prompt_for_n_is_answered_with_n_chain_tokens_then_eos(tmp_p
 def test_a_countdown_length_outside_the_chain_is_refused(n: int) -> None:
     with pytest.raises(ValueError, match="countdown answer has 1 to"):
         countdown_prompt(n)
+
+
+_ECHO = """
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+directory, prompts = sys.argv[1], json.loads(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(directory)
+model = AutoModelForCausalLM.from_pretrained(directory)
+answers = []
+for prompt in prompts:
+    ids = tokenizer(prompt, return_tensors="pt")
+    new = model.generate(**ids, max_new_tokens=12, do_sample=False)[0, ids["input_ids"].shape[1]:]
+    answers.append([tokenizer.decode(new, skip_special_tokens=True), new[-1].item() == tokenizer.eos_token_id])
+print(json.dumps(answers))
+"""
+
+
+def test_the_echo_model_repeats_a_prompts_last_character_but_after_a_tilde_or_a_bang(tmp_path_factory) -> None:
+    # What the vLLM and Hugging Face tests that run it rely on: the stopping and the looping
+    # answers of one model, told apart by the prompt alone.
+    model = build_model("echo", tmp_path_factory)
+    prompts = ["What is 1 + 2?\nAnswer:", "abc x", "xyz~", "What is 1 + 2?\nAnswer!"]
+    run = subprocess.run([hf_python(), "-c", _ECHO, str(model), json.dumps(prompts)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [[":" * 12, False], ["x" * 12, False], ["", True], ["~", True]]

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
-from support.vllm import SCRIPTS, answers, serve
+from support.vllm import SCRIPTS, answers
 
-from probe.demo.localtask import offline_env, write_task
+from probe.demo.localtask import EXCLAIM_TASK, offline_env, write_task
 from probe.demo.servercounters import vllm_metrics
 from probe.runtime import contract
 
@@ -35,15 +34,16 @@ def task(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def never_stop(vllm_echo: vllm_server.Server) -> vllm_server.Server:
-    """The session's echo server: each of the task's prompts ends in a character it repeats to
-    the cap (the streaming tests share it: an engine start less)."""
+def echo(vllm_echo: vllm_server.Server) -> vllm_server.Server:
+    """The session's echo server (the streaming tests share it: one engine start for all): each
+    of the task's prompts ends in ":", which it repeats to the cap, and each of the exclaiming
+    task's in "!", after which it answers "~" and stops."""
     return vllm_echo
 
 
 @pytest.fixture(scope="module")
-def stops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vllm_server.Server]:
-    yield from serve("stops", tmp_path_factory)
+def exclaiming(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("exclaim"), DOCS, task=EXCLAIM_TASK)
 
 
 def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.CompletedProcess, float]:
@@ -58,10 +58,10 @@ def evaluate(server, task, output: Path, probed: bool) -> tuple[subprocess.Compl
     return run, vllm_metrics(server.base_url)["generation_tokens"] - before
 
 
-def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path) -> None:
+def test_never_stopping_model_trips_and_saves_tokens(echo, task, tmp_path) -> None:
     # Unprobed, every request runs to the cap: DOCS * MAX_TOKENS tokens by vLLM's own count (the
     # echo model repeats each prompt's last character; tests/test_tiny_llama.py checks it).
-    run, probed_tokens = evaluate(never_stop, task, tmp_path / "probed", probed=True)
+    run, probed_tokens = evaluate(echo, task, tmp_path / "probed", probed=True)
     assert "summary: TRIPPED (non_terminating)" in run.stderr
     # One wave of CONCURRENCY generations, plus the partial tokens of those cancelled.
     assert probed_tokens <= 1.15 * CONCURRENCY * MAX_TOKENS < DOCS * MAX_TOKENS / 3
@@ -74,9 +74,9 @@ def test_never_stopping_model_trips_and_saves_tokens(never_stop, task, tmp_path)
     assert verdict["results_file"] and Path(verdict["results_file"]).exists()
 
 
-def test_stopping_model_does_not_trip_and_answers_as_unprobed(stops, task, tmp_path) -> None:
-    evaluate(stops, task, tmp_path / "plain", probed=False)
-    run, _ = evaluate(stops, task, tmp_path / "probed", probed=True)
+def test_stopping_model_does_not_trip_and_answers_as_unprobed(echo, exclaiming, tmp_path) -> None:
+    evaluate(echo, exclaiming, tmp_path / "plain", probed=False)
+    run, _ = evaluate(echo, exclaiming, tmp_path / "probed", probed=True)
     assert "the probe did not trip: 0 of 64 generations observed were cut off" in run.stderr
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
-    assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == [" 7"] * DOCS
+    assert answers(tmp_path / "probed") == answers(tmp_path / "plain") == ["~"] * DOCS

@@ -32,27 +32,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llamas(tmp_path_factory)
 
 
-def test_the_slow_start_sends_the_engine_min_samples_before_any_evidence(models, task, tmp_path) -> None:
-    # An engine as wide as the task: without a slow start vLLM would run all 48 to the cap
-    # at once before the MIN_SAMPLES observations the cap rule needs (the loop detector off
-    # here, so only endings count). With it, the engine gets MIN_SAMPLES requests, all at the
-    # cap, and the trip answers the rest blank before they reach it.
-    knobs = {contract.ENV_STREAM: "off"}
-    run, probed = evaluate(models / "never_stop", task, tmp_path / "probed", True, max_num_seqs=DOCS, **knobs)
-    assert "summary: TRIPPED (non_terminating)" in run.stderr
-    assert probed["generation_tokens"] == MIN_SAMPLES * MAX_TOKENS  # vLLM's own count
-    assert probed["finished_length"] == MIN_SAMPLES
-    final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
-    assert final["cancelled_in_flight"] == 0 and final["short_circuited_requests"] == DOCS - MIN_SAMPLES
-    assert sorted(answers(tmp_path / "probed")) == [""] * (DOCS - MIN_SAMPLES) + ["a" * MAX_TOKENS] * MIN_SAMPLES
-
-
-def test_each_group_keeps_its_own_slow_start_across_tasks_and_chunks(models, tmp_path) -> None:
-    # Two tasks with different stop sequences (two groups) in one run, each in chunks of 10
-    # (--batch_size 10: one LLM.generate call per chunk). Each group's budget is its own and
-    # spans its chunks: each reaches the engine with exactly MIN_SAMPLES requests, all at the
-    # cap, and the trip answers the rest of it blank (a budget per call would have let one
-    # group's 16 be spread over two, or a chunk's 10 be sent whole after the first chunk's 10).
+def test_each_group_sends_the_engine_min_samples_before_any_evidence_across_tasks_and_chunks(models, tmp_path) -> None:
+    # An engine as wide as the run (48), two tasks with different stop sequences (two groups),
+    # each in chunks of 10 (--batch_size 10: one LLM.generate call per chunk), the loop detector
+    # off (only endings count). Without a slow start vLLM would run every request to the cap
+    # before the MIN_SAMPLES observations the cap rule needs. With it, each group's budget is
+    # its own and spans its chunks: each reaches the engine with exactly MIN_SAMPLES requests,
+    # all at the cap (its second chunk held back until the first's evidence came), and the trip
+    # answers the rest of it blank before they reach the engine (a budget per call would have
+    # let a chunk's 10 be sent whole after the first chunk's 10, or one group's 16 be spread
+    # over two). One run for both promises: an engine start is most of a run here (CI time).
     first = write_task(tmp_path / "tasks", 24)
     second = write_task(tmp_path / "tasks", 24, task=SECOND_TASK)
     knobs = {contract.ENV_STREAM: "off"}
@@ -62,8 +51,12 @@ def test_each_group_keeps_its_own_slow_start_across_tasks_and_chunks(models, tmp
     )  # fmt: skip
     assert run.stderr.count("[lm-eval-probe] tripped:") == 2
     assert probed["generation_tokens"] == 2 * MIN_SAMPLES * MAX_TOKENS  # vLLM's own count
+    assert probed["finished_length"] == 2 * MIN_SAMPLES
     final = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())["final"]
-    assert final["short_circuited_requests"] == 2 * (24 - MIN_SAMPLES)
+    assert final["cancelled_in_flight"] == 0 and final["short_circuited_requests"] == 2 * (24 - MIN_SAMPLES)
+    for task in (first, second):
+        given = sorted(answers(tmp_path / "probed", task.name))
+        assert given == [""] * (24 - MIN_SAMPLES) + ["a" * MAX_TOKENS] * MIN_SAMPLES
 
 
 def test_stopping_model_answers_as_unprobed_and_nothing_trips(models, task, tmp_path) -> None:

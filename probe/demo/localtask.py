@@ -20,6 +20,9 @@ TASK = "probe_arith"
 # simulated server's ``loop_marker`` can single out.
 SECOND_TASK = "probe_count"
 COUNT_MARKER = "Count:"
+# A third: TASK's questions and stop sequences, its prompts ending in "Answer!" where TASK's
+# end in "Answer:" (the tests' tiny echo model answers one and stops, and repeats the other).
+EXCLAIM_TASK = "probe_exclaim"
 # Variables of the caller's shell that must not leak into a run: the probe's knobs, where
 # its sidecar goes, and any PYTHONPATH (which could carry another sitecustomize.py).
 _NOT_INHERITED = ("PYTHONPATH", "RESULT_DIR", "EVAL_RESULT_DIR")
@@ -27,7 +30,7 @@ _NOT_INHERITED = ("PYTHONPATH", "RESULT_DIR", "EVAL_RESULT_DIR")
 # fails for a task whose name it does not know; InferenceX's lm-eval (b315ef3, which also calls
 # itself 0.4.9.2) fails listing it (0.4.12 and 0.4.13, tested here, are fixed). There the task borrows a
 # built-in name, exactly as InferenceX's gsm8k.yaml does.
-BORROWED_NAMES = {TASK: "gsm8k", SECOND_TASK: "gsm8k_cot"}
+BORROWED_NAMES = {TASK: "gsm8k", SECOND_TASK: "gsm8k_cot", EXCLAIM_TASK: "gsm8k_cot_zeroshot"}
 METRIC = "exact_match,strict-match"
 
 _YAML = """task: {task}
@@ -39,7 +42,7 @@ test_split: test
 fewshot_split: test
 num_fewshot: 0
 output_type: generate_until
-doc_to_text: "{lead} What is {{{{a}}}} + {{{{b}}}}?\\nAnswer:"
+doc_to_text: "{lead} What is {{{{a}}}} + {{{{b}}}}?\\n{cue}"
 doc_to_target: "{{{{answer}}}}"
 generation_kwargs:
   until: {until}
@@ -141,9 +144,10 @@ def tasks_arguments(tasks: tuple[LocalTask, ...]) -> list[str]:
     return ["--tasks", str(folder)]
 
 
-_STYLES = {
-    TASK: ("Question:", '["\\n\\n", "Question:"]'),
-    SECOND_TASK: (COUNT_MARKER, '["\\n\\n"]'),
+_STYLES = {  # each task's lead, stop sequences and cue
+    TASK: ("Question:", '["\\n\\n", "Question:"]', "Answer:"),
+    SECOND_TASK: (COUNT_MARKER, '["\\n\\n"]', "Answer:"),
+    EXCLAIM_TASK: ("Question:", '["\\n\\n", "Question:"]', "Answer!"),
 }
 
 
@@ -157,7 +161,8 @@ def task_name(task: str = TASK) -> str:
 
 
 def write_task(directory: Path, n_docs: int = 32, task: str = TASK) -> LocalTask:
-    """Write ``n_docs`` questions and the YAML of ``task`` (TASK or SECOND_TASK) into ``directory``."""
+    """Write ``n_docs`` questions and the YAML of ``task`` (TASK, SECOND_TASK or EXCLAIM_TASK) into
+    ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / f"{task}.jsonl"
     with data.open("w", encoding="utf-8") as handle:
@@ -165,9 +170,9 @@ def write_task(directory: Path, n_docs: int = 32, task: str = TASK) -> LocalTask
             a, b = 3 * i + 1, 7 * i + 2
             handle.write(json.dumps({"a": a, "b": b, "answer": str(a + b)}) + "\n")
     name = task_name(task)
-    lead, until = _STYLES[task]
+    lead, until, cue = _STYLES[task]
     yaml = directory / f"{task}.yaml"
-    yaml.write_text(_YAML.format(task=name, data=data.resolve(), lead=lead, until=until), encoding="utf-8")
+    yaml.write_text(_YAML.format(task=name, data=data.resolve(), lead=lead, until=until, cue=cue), encoding="utf-8")
     return LocalTask(yaml.resolve(), name)
 
 
