@@ -76,20 +76,20 @@ pass_inferencex() {
 }
 # InferenceX's flow is left out below: InferenceX installs b315ef3, or 0.4.13 when that fails.
 # 0.4.9.2's API model, cache and vLLM modules are b315ef3's byte for byte, so this pass runs only
-# what differs there: the command line and start of an evaluation (legacy parser, eager registry,
-# the evaluator's entry), results saving over its older dependencies, and the Hugging Face module
-# (b315ef3's too; the one environment with transformers<5) in-process. Not test_hf.py's whole
-# command lines (nine lm-eval runs, about 150 s of this pass): their command line and evaluator are
-# the ones this pass runs with the API model, their Hugging Face module the one the in-process
-# tests drive here, and they run whole against 0.4.13 (pass 0413_hf).
+# what differs there: the tests marked entry (the command line and start of an evaluation: legacy
+# parser, eager registry, the evaluator's entry; results saving over its older dependencies), and
+# the Hugging Face module (b315ef3's too; the one environment with transformers<5) in-process. Not
+# the rest of those files (the probe's install, report and process handling over the same API
+# model: about 55% of this pass's time, each lm-eval start here 10-14 s of imports; they run
+# against b315ef3 and 0.4.13), nor test_hf.py's whole command lines (nine lm-eval runs, about
+# 150 s of this pass): their command line and evaluator are the ones this pass runs with the API
+# model, their Hugging Face module the one the in-process tests drive here, and they run whole
+# against 0.4.13 (pass 0413_hf).
 title_0492="against the 0.4.9.2 release (the legacy command line, the eager model registry, HFLM in-process)"
 pass_0492() {
-    # One run, test by test, stealing: by file, the first four (53-145 s of work each) left one
-    # worker with about twice the other's share (that part took 295 s by file, 251 s so, one run
-    # each), and a second run for the Hugging Face files started this release again (10 s).
-    # Not `lm-eval run ...`: this release has no subcommands (deselected, not skipped as passed).
-    pytest_in .venv-lm-eval-0.4.9.2 -n 2 --dist worksteal -m "not vllm and not release_independent and not inferencex" \
-        --deselect tests/test_install_run.py::test_run_with_lm_evals_run_subcommand_and_a_prefix_of_output_path \
+    # One run, test by test, stealing: by file, one worker got about twice the other's share,
+    # and a second run for the Hugging Face files started this release again (10 s).
+    pytest_in .venv-lm-eval-0.4.9.2 -n 2 --dist worksteal -m "(entry or hf) and not vllm and not release_independent and not inferencex" \
         tests/test_lm_eval_cli.py tests/test_install_run.py tests/test_scope.py tests/test_task_evidence.py \
         tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py
 }

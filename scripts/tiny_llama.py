@@ -38,9 +38,9 @@ every weight that reads its input are zero), so the last hidden state is the sam
 position, and the output head gives the allowed characters logit 0 and the others -34. For
 ``echo`` the layers add nothing (their output projections are zero), the embeddings are
 orthonormal, and the output head is the embedding matrix, so the greedy pick is the current
-token; its EOS row is twice ``~``'s embedding, and ``~``'s row adds twice ``!``'s. ``countdown`` is built the same way, with
-random unit embeddings (more tokens than dimensions) and each chain character's output row
-the embedding of the one before it. The rest
+token; its EOS row is twice ``~``'s embedding, and ``~``'s row adds twice ``!``'s.
+``countdown`` is built the same way, with random unit embeddings (more tokens than
+dimensions) and each chain character's output row the embedding of the one before it. The rest
 (random weights, head size 64, a character-level vocabulary, a chat template) keeps
 vLLM's CPU backend and lm-eval's chat path working. Run with the vLLM environment's
 Python: ``python scripts/tiny_llama.py DIR --variant never_stop``; with several ``--variant``,

@@ -92,6 +92,7 @@ def real_output_path(arguments: list[str]) -> str | None:
         return None
 
 
+@pytest.mark.entry
 @pytest.mark.parametrize(("arguments", "expected"), SPELLINGS)
 def test_output_path_is_read_the_way_lm_eval_reads_it(arguments: list[str], expected: str | None) -> None:
     assert real_output_path(arguments) == expected
@@ -108,6 +109,7 @@ def test_output_path_is_read_the_way_lm_eval_reads_it(arguments: list[str], expe
 TABLE_DEPENDENT = [["--cache_requests", "-o", "/r"], ["--tasks", "-o", "/r"], ["--tr", "-o", "/r"]]
 
 
+@pytest.mark.entry
 @pytest.mark.parametrize("arguments", TABLE_DEPENDENT)
 def test_output_path_is_read_with_the_installed_lm_evals_own_table(arguments: list[str]) -> None:
     for entry in ENTRIES:
@@ -138,6 +140,7 @@ def eval_probe_run(tmp_path: Path, *command: str, **env: str) -> subprocess.Comp
     )  # fmt: skip
 
 
+@pytest.mark.entry
 def test_run_end_to_end_with_real_lm_eval(sim, local_task, tmp_path: Path) -> None:
     server = sim("never_stop")
     output = tmp_path / "out"

@@ -26,6 +26,7 @@ def score(output: Path) -> float:
     return json.loads(results.read_text())["results"][task_name()][METRIC]
 
 
+@pytest.mark.entry
 def test_lm_eval_run_trips_and_finishes_with_a_real_results_file(sim, site_dir, local_task, tmp_path) -> None:
     server = sim("never_stop")
     output = tmp_path / "out"
@@ -38,6 +39,7 @@ def test_lm_eval_run_trips_and_finishes_with_a_real_results_file(sim, site_dir, 
     assert server.snapshot()["generate_requests"] < 40
 
 
+@pytest.mark.entry
 def test_healthy_lm_eval_run_scores_like_unprobed(sim, site_dir, local_task, tmp_path) -> None:
     server = sim("healthy")
     unprobed = lm_eval(None, server, local_task, tmp_path / "plain")
@@ -47,6 +49,7 @@ def test_healthy_lm_eval_run_scores_like_unprobed(sim, site_dir, local_task, tmp
     assert not (tmp_path / "probed" / contract.SIDECAR_NAME).exists()
 
 
+@pytest.mark.entry
 @pytest.mark.parametrize("mode", ["healthy", "never_stop"])
 def test_settings_no_json_reader_holds_leave_the_runs_files_readable(sim, site_dir, local_task, tmp_path, mode) -> None:
     # Hostile round 27: lm-eval passes --gen_kwargs as given, and never sends do_sample to the
@@ -151,6 +154,7 @@ PROBED = (
 )
 
 
+@pytest.mark.entry
 @pytest.mark.parametrize("first", FIRST_IMPORTS.values(), ids=FIRST_IMPORTS.keys())
 def test_the_probe_loads_however_lm_evals_api_models_are_first_imported(site_dir, first: str) -> None:
     run = subprocess.run([PYTHON, "-c", f"{first}\n{PROBED}"], env=offline_env(site_dir), capture_output=True,
@@ -159,6 +163,7 @@ def test_the_probe_loads_however_lm_evals_api_models_are_first_imported(site_dir
     assert run.stdout.split() == ["True", "True"], run.stderr[-2000:]
 
 
+@pytest.mark.entry
 @pytest.mark.parametrize("first", ["import lm_eval", "import lm_eval.models", "import lm_eval.api.registry"])
 def test_the_runtime_loads_exactly_when_lm_evals_api_module_does(site_dir, first: str) -> None:
     """A lazy registry imports no model module until a model is asked for: nor does the probe wake."""

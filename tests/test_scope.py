@@ -54,6 +54,7 @@ def _results(directory: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.entry
 def test_a_sweeps_second_evaluation_gets_its_own_scope(sim, tmp_path: Path) -> None:
     task = write_task(tmp_path / "task", DOCS)
     never, healthy = sim("never_stop"), sim("healthy")
@@ -164,6 +165,7 @@ def test_the_stub_waits_for_every_integration_and_nothing_else() -> None:
     assert len(set(targets())) == len(INTEGRATIONS)
 
 
+@pytest.mark.entry
 @pytest.mark.parametrize("name", ["lm_eval.evaluator", "lm_eval.models.api_models"])
 def test_each_integration_installs_and_uninstalls_symmetrically(name: str, result_dir) -> None:
     import importlib
@@ -183,6 +185,7 @@ def test_each_integration_installs_and_uninstalls_symmetrically(name: str, resul
     assert {k: v for k, v in vars(module).items() if k in before} == before
 
 
+@pytest.mark.entry
 def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir) -> None:
     """The scopes themselves: a new evaluation owns new groups, lock, gates, sidecar and run id."""
     from probe.runtime import install
@@ -243,6 +246,7 @@ print(json.dumps([results["results"][sys.argv[4]][sys.argv[5]], evidence["trippe
 )
 
 
+@pytest.mark.entry
 def test_an_evaluation_through_evaluate_itself_gets_its_own_scope(sim, tmp_path: Path) -> None:
     task = write_task(tmp_path / "task", DOCS)
     never, healthy = sim("never_stop"), sim("healthy")

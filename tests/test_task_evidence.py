@@ -56,6 +56,7 @@ def two_tasks(tmp_path_factory) -> dict:
     return {"output": output, "healthy": healthy.name, "broken": broken.name}
 
 
+@pytest.mark.entry
 def test_two_tasks_in_one_run_each_get_their_own_evidence(two_tasks) -> None:
     output, healthy, broken = two_tasks["output"], two_tasks["healthy"], two_tasks["broken"]
     document = results_of(output)
@@ -76,6 +77,7 @@ def test_two_tasks_in_one_run_each_get_their_own_evidence(two_tasks) -> None:
     assert "lm_eval_version" not in text and not any("," in key for key in _keys(evidence))
 
 
+@pytest.mark.entry
 def test_read_gives_each_of_two_tasks_its_own_status(two_tasks) -> None:
     output, healthy, broken = two_tasks["output"], two_tasks["healthy"], two_tasks["broken"]
     table = read_cli(output)
@@ -156,6 +158,7 @@ def _instances(n: int, task: str, gen_kwargs: dict, chat_format: bool) -> list[I
     return requests
 
 
+@pytest.mark.entry
 @pytest.mark.parametrize("chat_format", [False, True], ids=["completions", "chat"])
 @pytest.mark.parametrize(
     ("mode", "cause"),
@@ -176,6 +179,7 @@ def test_each_cause_is_kept_apart(sim, probed, mode, cause, chat_format) -> None
     assert found["short_circuited"] == 0 and probed.evidence_document()["tripped"] is False
 
 
+@pytest.mark.entry
 def test_loglikelihood_requests_are_counted_apart(sim, probed) -> None:
     import asyncio
 
