@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.api_models import JsonChatStr
-from support.lm import GEN_KWARGS, chat, completions, prompts
+from support.lm import GEN_KWARGS, chat, completions, probe_installed, prompts
 
 from probe.demo.localtask import offline_env
 from probe.demo.simserver import SimServer
 from probe.run import summary
 from probe.runtime import contract, evidence
+from probe.runtime.budgets import predicted
 from probe.runtime.contract import CAUSES, RULE_CAUSES, cause_words, main_cause
 
 
@@ -272,27 +273,21 @@ def _lm_eval_model(name: str, base_url: str = "http://127.0.0.1:9", num_concurre
 def test_the_budget_is_read_off_the_payload_lm_eval_sends(monkeypatch, model, settings, budget) -> None:
     """What the server is sent decides: a model that sends one budget is judged by that one, a null
     or zero reading is none (servers take the other), and a null alone leaves none known."""
-    from probe.runtime.api import _max_tokens
-
     monkeypatch.setenv("OPENAI_API_KEY", "not used")
     lm = _lm_eval_model(model)
-    text = "Question: 1 + 1?"
-    messages = [JsonChatStr(json.dumps([{"role": "user", "content": text}]))] if "chat" in model else [text]
-    assert _max_tokens(lm, {"until": ["\n\n"], "temperature": 0, **settings}, messages) == budget
+    assert predicted(lm, {"until": ["\n\n"], "temperature": 0, **settings}, "chat" in model) == budget
 
 
 def test_a_model_whose_payload_cannot_be_built_is_read_as_lm_eval_computes_it() -> None:
     """A pipeline's own API model without lm-eval's payload builder: max_tokens, else max_gen_toks,
     else the model's default, beside a chat request's max_completion_tokens."""
-    from probe.runtime.api import _max_tokens
 
     class Model:
         _max_gen_toks = 300
 
-    message = [JsonChatStr(json.dumps([{"role": "user", "content": "q"}]))]
-    assert _max_tokens(Model(), {"max_gen_toks": 1500}, ["q"]) == 1500
-    assert _max_tokens(Model(), {"max_completion_tokens": 2048}, ["q"]) == 300
-    assert _max_tokens(Model(), {"max_completion_tokens": 2048}, message) == (300, 2048)
+    assert predicted(Model(), {"max_gen_toks": 1500}, chat=False) == 1500
+    assert predicted(Model(), {"max_completion_tokens": 2048}, chat=False) == 300
+    assert predicted(Model(), {"max_completion_tokens": 2048}, chat=True) == (300, 2048)
 
 
 def _counted_builder(how: str) -> tuple[type, Callable[[], int], Callable[[Any], None]]:
@@ -338,6 +333,72 @@ def test_a_pipelines_own_payload_builder_runs_only_when_lm_eval_calls_it(
     answers = lm.generate_until(_chats(GEN_KWARGS, 8))
     assert "" not in answers and calls() == server.snapshot()["generate_requests"] == 8
     assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == [GEN_KWARGS["max_tokens"]]
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
+def test_the_budget_judged_is_the_one_a_pipelines_own_builder_sends(
+    sim, probed, result_dir, monkeypatch, concurrency
+) -> None:
+    """A pipeline's builder that lowers the budget below MIN_MAX_TOKENS (a plain function patched
+    onto lm-eval's class): the requests are sent with 512, so none is judged and nothing trips,
+    however the settings read (lm-eval's own builder would send 4096)."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    original = LocalChatCompletion._create_payload
+
+    def clamped(self: Any, *args: Any, **kwargs: Any) -> dict:
+        payload = original(self, *args, **kwargs)
+        if "max_tokens" in payload:
+            payload["max_tokens"] = min(payload["max_tokens"], 512)
+        return payload
+
+    monkeypatch.setattr(LocalChatCompletion, "_create_payload", clamped)
+    server = sim("never_stop")
+    answers = chat(server.base_url, concurrency).generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
+    assert "" not in answers and server.snapshot()["generate_requests"] == 24
+    assert not (result_dir / contract.SIDECAR_NAME).exists()
+    found = probed.evidence_document()["tasks"]["t"]
+    assert (found["max_tokens"], found["below_min_max_tokens"], found["tripped"]) == ([512], 24, False)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
+def test_a_plain_wrapper_of_the_openai_chat_builder_is_judged_by_what_it_sends(
+    sim, probed, result_dir, capsys, monkeypatch, concurrency
+) -> None:
+    """A pipeline's plain wrapper of lm-eval's OpenAI chat builder (no __wrapped__: lm-eval's own
+    builder for this class cannot be found): what it sends, max_completion_tokens alone, is the
+    budget, judged as one, and no two-budget warning is said."""
+    from lm_eval.models.openai_completions import OpenAIChatCompletion
+
+    monkeypatch.setenv("OPENAI_API_KEY", "not used")
+    original = OpenAIChatCompletion._create_payload
+
+    def tweaked(self: Any, *args: Any, **kwargs: Any) -> dict:
+        return {**original(self, *args, **kwargs), "reasoning_effort": "low"}
+
+    monkeypatch.setattr(OpenAIChatCompletion, "_create_payload", tweaked)
+    server = sim("never_stop")
+    settings = {"until": ["\n\n"], "temperature": 0, "max_completion_tokens": 2048}
+    answers = _lm_eval_model("openai-chat", server.base_url, concurrency).generate_until(_chats(settings, 40))
+    assert answers.count("") >= 40 - 16 - 4
+    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
+    assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048])
+    assert "chat requests name" not in capsys.readouterr().err
+
+
+def test_the_builder_made_to_tell_the_budget_is_lm_evals_own_again_once_the_probe_is_out(sim, result_dir) -> None:
+    """The probe wraps the payload builder lm-eval calls (on the class that defines it) as the first
+    request is made; taking the probe out restores lm-eval's own function."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    from probe.runtime.patching import is_ours
+
+    own = LocalChatCompletion.__dict__["_create_payload"]
+    server = sim("healthy")
+    with probe_installed():
+        chat(server.base_url, 1).generate_until(_chats(GEN_KWARGS, 1))
+        assert is_ours(LocalChatCompletion.__dict__["_create_payload"])
+    assert LocalChatCompletion.__dict__["_create_payload"] is own
 
 
 @pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])

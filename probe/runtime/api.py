@@ -9,22 +9,23 @@
 - ``generate_until`` sorts a group's requests in a seeded sample order instead of lm-eval's
   longest first (``order``), on both paths: what the sync path sends next, and which prompts
   share a request when ``batch_size > 1``.
-- Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
+- Responses are observed through ``parse_generations``, whatever a pipeline replaced it with;
+  each request's budget is read off the payload lm-eval builds for it (``_create_payload``,
+  whatever a pipeline replaced it with, wrapped as it is called: never called by the probe),
+  predicted before then (``budgets``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import inspect
-import os
-import sys
 from collections.abc import Callable
 from functools import partial
+from types import FunctionType
 from typing import Any
 
-from probe.runtime import state
+from probe.runtime import budgets, state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
 from probe.runtime.contract import ENV_MIN_MAX_TOKENS
 from probe.runtime.gate import Gate
@@ -40,89 +41,6 @@ from probe.runtime.vllm_partial import wanted
 # object: dozens of calls run on the same model at once under num_concurrent > 1.
 _CURRENT: contextvars.ContextVar[Request | None] = contextvars.ContextVar("lm_eval_probe_request", default=None)
 _SIGNATURES: dict[Any, inspect.Signature] = {}
-
-
-def _max_tokens(lm: Any, gen_kwargs: Any, messages: list[Any]) -> int | tuple[int | None, ...] | None:
-    """The budget the server uses, read off the payload lm-eval's own builder makes for these
-    settings (``_payload``; computed the way lm-eval computes it where there is none). A completions
-    request's is its max_tokens. A chat request may name two, max_tokens and max_completion_tokens
-    (lm-eval's local chat model passes a max_completion_tokens setting on beside max_tokens; its
-    OpenAI model sends max_completion_tokens alone), which chat servers read in different orders
-    (vLLM and OpenAI take max_completion_tokens first, some SGLang releases max_tokens): both are
-    returned, for the probe to judge by what holds under either. A null or zero one is no budget:
-    servers then take the other (vLLM: max_completion_tokens or max_tokens), and where neither is
-    left none is known."""
-    chat = bool(messages) and type(messages[0]).__name__ == "JsonChatStr"
-    payload = _payload(lm, gen_kwargs, chat)
-    if payload is None:  # computed as lm-eval's own models compute it
-        default = getattr(lm, "_max_gen_toks", None)
-        payload = {"max_tokens": gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", default))}
-        if "max_completion_tokens" in gen_kwargs:
-            payload["max_completion_tokens"] = gen_kwargs["max_completion_tokens"]
-    if not chat:
-        return _as_int(payload.get("max_tokens"))
-    named = [payload[key] for key in _BUDGET_KEYS if key in payload]
-    readings = [value for value in named if not (value is None or (type(value) in (int, float, bool) and value == 0))]
-    if len(readings) < 2:
-        return _as_int(readings[0]) if readings else None
-    return _as_int(readings[0]), _as_int(readings[1])
-
-
-_BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
-
-
-def _payload(lm: Any, gen_kwargs: Any, chat: bool) -> dict[str, Any] | None:
-    """The payload lm-eval's own builder for this model (``_own_builder``) makes from a copy of
-    these settings (building it pops them) for an empty prompt, with no end-of-text string: the
-    budget depends on neither, and reading the model's (``eos_string``) may ask a server for its
-    tokenizer. None where lm-eval has no builder for it, the builder fails, or names no budget
-    in these keys (sglang-generate's nests it)."""
-    build = _own_builder(lm)
-    if build is None:
-        return None
-    try:
-        prompt: Any = [{"role": "user", "content": ""}] if chat else ""
-        payload = build(
-            lm, prompt, generate=True, gen_kwargs=copy.deepcopy(dict(gen_kwargs)), seed=getattr(lm, "_seed", 1234),
-            eos=None,
-        )  # fmt: skip
-    except Exception:
-        return None
-    return payload if isinstance(payload, dict) and any(key in payload for key in _BUDGET_KEYS) else None
-
-
-def _own_builder(lm: Any) -> Callable | None:
-    """lm-eval's own ``_create_payload`` for ``lm``: the first along its class's MRO whose code lies
-    in lm-eval's package, as lm-eval wrote it (a patch made with ``functools.wraps`` unwrapped);
-    None where there is none. Never a pipeline's own, on its class, on lm-eval's or on the
-    instance: it may count, log or change what it is given, and run twice here it would."""
-    home = _lm_eval_home()
-    for cls in type(lm).__mro__:
-        found = vars(cls).get("_create_payload")
-        if found is None:
-            continue
-        try:
-            function = inspect.unwrap(found)
-        except ValueError:  # a cycle of __wrapped__
-            continue
-        code = getattr(function, "__code__", None)
-        if home and code is not None and code.co_filename.startswith(home):
-            return function
-    return None
-
-
-def _lm_eval_home() -> str:
-    """The directory of the lm-eval package in this process, ending in a separator ('' if none)."""
-    module = sys.modules.get("lm_eval")
-    where = getattr(module, "__file__", None)
-    return os.path.join(os.path.dirname(where), "") if where else ""
-
-
-def _as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
 
 
 def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwargs: dict) -> Request | None:
@@ -147,14 +65,25 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
     # token ids); the sync path passes the prompts themselves.
     keys = bound.get("cache_keys", extra.get("cache_keys"))
     prompts = [key[0] for key in keys] if isinstance(keys, list) and len(keys) == len(messages) else list(messages)
-    budget = _max_tokens(lm, gen_kwargs, list(messages))
+    # The budget as lm-eval's own builder makes it, until the payload lm-eval sends is built:
+    # where the probe sees that built (observe_builder), its budget replaces this one.
+    chat = isinstance(messages, list) and bool(messages) and type(messages[0]).__name__ == "JsonChatStr"
+    budget = budgets.predicted(lm, gen_kwargs, chat)
     request = probe.request(lm, gen_kwargs, prompts, budget)
+    if not observe_builder(lm):
+        _say_if_blind(probe, request, budget)
+    request.source = messages
+    probe.resume(request)
+    return request
+
+
+def _say_if_blind(probe: state.Probe, request: Request, budget: budgets.Budget) -> None:
+    """Say once where a request's two budgets leave the rule blind, with the setting that ends it."""
     if (
         isinstance(budget, tuple)
         and not request.is_evidence
         and (request.max_tokens or 0) >= probe.settings.min_max_tokens
     ):
-        # The smaller reading leaves the rule blind; say so once, with the setting that ends it.
         least = probe.settings.min_max_tokens
         probe.errors.once(
             f"two budgets:{budget}",
@@ -162,9 +91,44 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
             f"in different orders, and the smaller is below {ENV_MIN_MAX_TOKENS}={least}: the trip rule does not "
             "judge them; give max_tokens and max_completion_tokens the same value in --gen_kwargs to have them judged",
         )
-    request.source = messages
-    probe.resume(request)
-    return request
+
+
+def observe_builder(lm: Any) -> bool:
+    """Make sure the payload builder lm-eval calls for ``lm`` tells the probe the budget of the
+    payload it builds (``_recording_builder``); False where it cannot: a builder set on the
+    instance, none found, or one of a kind it does not wrap (not a plain function).
+
+    Called on every request, as ``observe_parser`` is: a pipeline that replaces the builder
+    after the probe wrapped it is wrapped too. The builder is never called by the probe."""
+    if "_create_payload" in getattr(lm, "__dict__", {}):
+        return False
+    owner, raw = _raw_attribute(type(lm), "_create_payload")
+    if owner is None or is_ours(raw):
+        return owner is not None
+    if not isinstance(raw, FunctionType):
+        return False
+    replace(owner, "_create_payload", _recording_builder(raw))
+    return True
+
+
+def _recording_builder(original: Callable) -> Callable:
+    """``original`` made to tell the probe the budget of each payload it builds for a request of
+    the probe's (``_CURRENT``), before it is sent; the payload itself is untouched."""
+
+    def _create_payload(self: Any, *args: Any, **kwargs: Any) -> Any:
+        payload = original(self, *args, **kwargs)
+        request, probe = _CURRENT.get(), state.active()
+        if request is not None and probe is not None:
+            try:
+                if budgets.names_a_budget(payload):
+                    sent = budgets.budget_in(payload, chat="messages" in payload)
+                    probe.budget_sent(request, sent)
+                    _say_if_blind(probe, request, sent)
+            except Exception as error:
+                probe.errors.report("payload", error)
+        return payload
+
+    return mark(_create_payload, original)
 
 
 def _begin(
@@ -179,7 +143,8 @@ def _begin(
             probe.errors.once(
                 f"unobservable:{type(lm).__qualname__}",
                 f"the responses of {type(lm).__qualname__} cannot be observed (its parse_generations is a "
-                f"{type(_raw_parser(type(lm))[1]).__name__}, which the probe cannot wrap); it runs unprobed",
+                f"{type(_raw_attribute(type(lm), 'parse_generations')[1]).__name__}, which the probe cannot wrap); "
+                "it runs unprobed",
             )
             return probe, None
         return probe, _request(probe, lm, original, args, kwargs)
@@ -284,7 +249,11 @@ def _probed_model_call(original: Callable) -> Callable:
         if probe is not None and request is not None and request.group.tripped:
             probe.blanks(request)
             return ShortCircuitedResponse(request.n_answers)
-        outputs = original(self, *args, **kwargs)
+        token = _CURRENT.set(request)  # for the payload builder (observe_builder); reset before parsing
+        try:
+            outputs = original(self, *args, **kwargs)
+        finally:
+            _CURRENT.reset(token)
         if probe is not None and request is not None:
             probe.observe(request, outputs)
         return outputs
@@ -325,12 +294,12 @@ class _ObservingCallable:
 setattr(_ObservingCallable, MARKER, True)
 
 
-def _raw_parser(cls: type) -> tuple[type | None, Any]:
+def _raw_attribute(cls: type, name: str) -> tuple[type | None, Any]:
     # The raw attribute, from the defining class's __dict__ along the MRO: getattr would
     # unwrap a staticmethod or bind a classmethod, and lose what kind it was.
     for owner in cls.__mro__:
-        if "parse_generations" in owner.__dict__:
-            return owner, owner.__dict__["parse_generations"]
+        if name in owner.__dict__:
+            return owner, owner.__dict__[name]
     return None, None
 
 
@@ -354,7 +323,7 @@ def observe_parser(cls: type) -> bool:
     parser after the probe installed (a function, a staticmethod, a classmethod or a
     callable object) is observed too.
     """
-    owner, raw = _raw_parser(cls)
+    owner, raw = _raw_attribute(cls, "parse_generations")
     if owner is None or is_ours(raw):
         return owner is not None
     replacement = _observing(raw)
@@ -398,13 +367,14 @@ def install_api(api_models: Any) -> None:
 
 
 def uninstall_api(api_models: Any) -> None:
-    """Restore ``TemplateAPI``'s request paths, the module's ``Collator`` and every parser made to observe."""
+    """Restore ``TemplateAPI``'s request paths, the module's ``Collator`` and every parser and
+    payload builder made to observe."""
     template = api_models.TemplateAPI
     restore_where(
         lambda owner, name: (
             (owner is template and name in _PATCHED)
             or (owner is api_models and name == "Collator")
-            or name == "parse_generations"
+            or name in ("parse_generations", "_create_payload")
         )
     )
 

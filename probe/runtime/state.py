@@ -97,19 +97,33 @@ class Probe:
         with self.lock:
             group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
-        # A budget is judged as it was asked for, however large (a server clamps 2**63 - 1 to its
-        # window, and a `length` then is the window's); one that is no positive integer is unknown,
-        # and nothing is then taken to be at the cap. Of two, a stop is at the cap only at the
-        # larger, a `length` is the cap's from the smaller, and the rule judges only where both count.
-        readings = max_tokens if isinstance(max_tokens, tuple) and max_tokens else (max_tokens,)
-        known = all(type(b) is int and b > 0 for b in readings)
-        largest, fewest = (max(readings), min(readings)) if known else (None, None)
-        is_evidence = fewest is not None and fewest >= self.settings.min_max_tokens
+        largest, fewest, is_evidence = self._judged(max_tokens)
         model = getattr(lm, "model", None)
         return Request(
             group, list(prompts), largest, is_evidence, model if isinstance(model, str) else None,
             public_url(getattr(lm, "base_url", None)), backend, tasks, fewest,
         )  # fmt: skip
+
+    def budget_sent(self, request: Request, max_tokens: Any) -> None:
+        """The budget ``request`` is sent with, read off its payload as it was built: it replaces
+        the one the request was made with (a prediction), unless it was observed already."""
+        largest, fewest, is_evidence = self._judged(max_tokens)
+        with self.lock:
+            if not request.observed:
+                request.max_tokens, request.fewest, request.is_evidence = largest, fewest, is_evidence
+
+    def _judged(self, max_tokens: Any) -> tuple[int | None, int | None, bool]:
+        """A budget (or a tuple of the budgets the server may use) as the rule takes it: the
+        largest, the fewest, and whether its observations count for the rule.
+
+        A budget is judged as it was asked for, however large (a server clamps 2**63 - 1 to its
+        window, and a `length` then is the window's); one that is no positive integer is unknown,
+        and nothing is then taken to be at the cap. Of two, a stop is at the cap only at the
+        larger, a `length` is the cap's from the smaller, and the rule judges only where both count."""
+        readings = max_tokens if isinstance(max_tokens, tuple) and max_tokens else (max_tokens,)
+        known = all(type(b) is int and b > 0 for b in readings)
+        largest, fewest = (max(readings), min(readings)) if known else (None, None)
+        return largest, fewest, fewest is not None and fewest >= self.settings.min_max_tokens
 
     def failed(self, request: Request) -> None:
         """``request`` ended in an error that lm-eval may retry (a new call with the same prompts):

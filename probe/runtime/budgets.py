@@ -1,0 +1,109 @@
+"""The budget an API request names (``max_tokens``; a chat request's ``max_completion_tokens``):
+read off the payload it is sent with, and predicted before that payload is built.
+
+A completions request's budget is its max_tokens. A chat request may name two, max_tokens and
+max_completion_tokens (lm-eval's local chat model passes a max_completion_tokens setting on beside
+max_tokens; its OpenAI model sends max_completion_tokens alone), which chat servers read in
+different orders (vLLM and OpenAI take max_completion_tokens first, some SGLang releases
+max_tokens): both are returned, for the probe to judge by what holds under either. A null or zero
+one is no budget: servers then take the other (vLLM: max_completion_tokens or max_tokens), and
+where neither is left none is known.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+Budget = int | tuple[int | None, ...] | None
+_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def budget_in(payload: Any, chat: bool) -> Budget:
+    """The budget ``payload`` names (a chat request's two, where it names two); None where it
+    names none this module can read (or is no dict)."""
+    if not isinstance(payload, dict):
+        return None
+    if not chat:
+        return _as_int(payload.get("max_tokens"))
+    named = [payload[key] for key in _KEYS if key in payload]
+    readings = [value for value in named if not (value is None or (type(value) in (int, float, bool) and value == 0))]
+    if len(readings) < 2:
+        return _as_int(readings[0]) if readings else None
+    return _as_int(readings[0]), _as_int(readings[1])
+
+
+def names_a_budget(payload: Any) -> bool:
+    """Whether ``payload`` names a budget under a key this module reads (sglang-generate's nests it)."""
+    return isinstance(payload, dict) and any(key in payload for key in _KEYS)
+
+
+def predicted(lm: Any, gen_kwargs: Any, chat: bool) -> Budget:
+    """The budget of a request with these settings, before its payload is built: read off the
+    payload lm-eval's own builder makes for them (``_own_payload``), else computed the way
+    lm-eval's own models compute it."""
+    payload = _own_payload(lm, gen_kwargs, chat)
+    if payload is None:
+        default = getattr(lm, "_max_gen_toks", None)
+        payload = {"max_tokens": gen_kwargs.get("max_tokens", gen_kwargs.get("max_gen_toks", default))}
+        if "max_completion_tokens" in gen_kwargs:
+            payload["max_completion_tokens"] = gen_kwargs["max_completion_tokens"]
+    return budget_in(payload, chat)
+
+
+def _own_payload(lm: Any, gen_kwargs: Any, chat: bool) -> dict[str, Any] | None:
+    """The payload lm-eval's own builder for this model (``own_builder``) makes from a copy of
+    these settings (building it pops them) for an empty prompt, with no end-of-text string: the
+    budget depends on neither, and reading the model's (``eos_string``) may ask a server for its
+    tokenizer. None where lm-eval has no builder for it, the builder fails, or names no budget."""
+    build = own_builder(lm)
+    if build is None:
+        return None
+    try:
+        prompt: Any = [{"role": "user", "content": ""}] if chat else ""
+        payload = build(
+            lm, prompt, generate=True, gen_kwargs=copy.deepcopy(dict(gen_kwargs)), seed=getattr(lm, "_seed", 1234),
+            eos=None,
+        )  # fmt: skip
+    except Exception:
+        return None
+    return payload if names_a_budget(payload) else None
+
+
+def own_builder(lm: Any) -> Callable | None:
+    """lm-eval's own ``_create_payload`` for ``lm``: the first along its class's MRO whose code lies
+    in lm-eval's package, as lm-eval wrote it (wrappers that keep ``__wrapped__`` unwrapped, the
+    probe's own included); None where there is none. Never a pipeline's own, on its class, on
+    lm-eval's or on the instance: it may count, log or change what it is given, and run twice
+    here it would."""
+    home = _lm_eval_home()
+    for cls in type(lm).__mro__:
+        found = vars(cls).get("_create_payload")
+        if found is None:
+            continue
+        try:
+            function = inspect.unwrap(found)
+        except ValueError:  # a cycle of __wrapped__
+            continue
+        code = getattr(function, "__code__", None)
+        if home and code is not None and code.co_filename.startswith(home):
+            return function
+    return None
+
+
+def _lm_eval_home() -> str:
+    """The directory of the lm-eval package in this process, ending in a separator ('' if none)."""
+    module = sys.modules.get("lm_eval")
+    where = getattr(module, "__file__", None)
+    return os.path.join(os.path.dirname(where), "") if where else ""
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
