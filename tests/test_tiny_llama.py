@@ -21,27 +21,39 @@ pytestmark = [pytest.mark.hf, pytest.mark.release_independent]
 
 LENGTHS = (1, 2, 37)  # generated; every length up to CHAIN_LENGTH - 1 at once, teacher-forced
 
-_GENERATE = """
+# Greedy answers from the model at argv[1]: answers(prompts, most) gives, for each prompt, the
+# tokens it generated (at most ``most``), whether the last was EOS, and the text.
+_ANSWERS = """
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-directory, prompts, whole = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-tokenizer = AutoTokenizer.from_pretrained(directory)
-model = AutoModelForCausalLM.from_pretrained(directory)
-answers = []
-for prompt in prompts:
-    ids = tokenizer(prompt, return_tensors="pt")
-    new = model.generate(**ids, max_new_tokens=2100, do_sample=False)[0, ids["input_ids"].shape[1]:]
-    answers.append({"tokens": len(new), "eos": new[-1].item() == tokenizer.eos_token_id,
-                    "text": tokenizer.decode(new, skip_special_tokens=True)})
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+
+def answers(prompts, most):
+    found = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")
+        new = model.generate(**ids, max_new_tokens=most, do_sample=False)[0, ids["input_ids"].shape[1]:]
+        found.append({"tokens": len(new), "eos": new[-1].item() == tokenizer.eos_token_id,
+                      "text": tokenizer.decode(new, skip_special_tokens=True)})
+    return found
+"""
+
+_GENERATE = (
+    _ANSWERS
+    + """
+prompts, whole = json.loads(sys.argv[2]), sys.argv[3]
+found = answers(prompts, 2100)
 ids = tokenizer(whole, return_tensors="pt")["input_ids"]
 with torch.no_grad():
     picks = model(ids).logits[0].argmax(-1)
 # What makes the teacher-forced picks a generation's: attention, the only part that reads other
 # positions, writes nothing (its output projection is zero), so a position's logits are its token's.
 silent = all(not layer.self_attn.o_proj.weight.any() for layer in model.model.layers)
-print(json.dumps({"answers": answers, "ids": ids[0].tolist(), "picks": picks.tolist(), "eos": tokenizer.eos_token_id,
+print(json.dumps({"answers": found, "ids": ids[0].tolist(), "picks": picks.tolist(), "eos": tokenizer.eos_token_id,
                   "layers_add_nothing": silent}))
 """
+)
 
 
 def test_a_countdown_prompt_for_n_is_answered_with_n_chain_tokens_then_eos(tmp_path_factory) -> None:
@@ -72,19 +84,12 @@ def test_a_countdown_length_outside_the_chain_is_refused(n: int) -> None:
         countdown_prompt(n)
 
 
-_ECHO = """
-import json, sys
-from transformers import AutoModelForCausalLM, AutoTokenizer
-directory, prompts = sys.argv[1], json.loads(sys.argv[2])
-tokenizer = AutoTokenizer.from_pretrained(directory)
-model = AutoModelForCausalLM.from_pretrained(directory)
-answers = []
-for prompt in prompts:
-    ids = tokenizer(prompt, return_tensors="pt")
-    new = model.generate(**ids, max_new_tokens=12, do_sample=False)[0, ids["input_ids"].shape[1]:]
-    answers.append([tokenizer.decode(new, skip_special_tokens=True), new[-1].item() == tokenizer.eos_token_id])
-print(json.dumps(answers))
+_ECHO = (
+    _ANSWERS
+    + """
+print(json.dumps(answers(json.loads(sys.argv[2]), 12)))
 """
+)
 
 
 def test_the_echo_model_repeats_a_prompts_last_character_but_after_a_tilde_or_a_bang(tmp_path_factory) -> None:
@@ -94,4 +99,5 @@ def test_the_echo_model_repeats_a_prompts_last_character_but_after_a_tilde_or_a_
     prompts = ["What is 1 + 2?\nAnswer:", "abc x", "xyz~", "What is 1 + 2?\nAnswer!"]
     run = subprocess.run([hf_python(), "-c", _ECHO, str(model), json.dumps(prompts)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert json.loads(run.stdout.splitlines()[-1]) == [[":" * 12, False], ["x" * 12, False], ["", True], ["~", True]]
+    found = [(a["text"], a["eos"]) for a in json.loads(run.stdout.splitlines()[-1])]
+    assert found == [(":" * 12, False), ("x" * 12, False), ("", True), ("~", True)]
