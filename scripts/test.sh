@@ -128,10 +128,11 @@ title_0413_vllm="the end-to-end tests on real vLLM (served, in-process, replicas
 # servers, a Ray cluster) and the session's echo server start once, and the lanes take about as
 # long. pytest-xdist's --dist loadfile left one worker with test_vllm_offline.py (836 s) while the
 # other's files took 700; its --dist loadgroup does not group under pytest 9.2.
-# Lane a: the files below (the in-process engine's partial outputs, then the replicas: about
-# 350 + 380 s on a clean clone); lane b: every other vLLM test (test_stream_vllm.py,
-# test_vllm_e2e.py, test_vllm_offline_start.py: about 200 + 60 + 330 s, one echo server for the
-# first two, whose prompts make it stop or loop), so that no new file is left out.
+# Lane a: the files below (the in-process engine's partial outputs, then the replicas); lane b:
+# every other vLLM test (test_stream_vllm.py, test_vllm_e2e.py, test_vllm_offline_start.py: one
+# echo server for the first two, whose prompts make it stop or loop), so that no new file is left
+# out. Each lane is about 450 s of engine start-ups (about 50 s an engine alone, 100 s beside the
+# other lane), so the runs whose promise does not rest on a long generation make short ones.
 # The tests marked alone run last in their lane, and in lane b (where they belong) only once lane
 # a is done: closing a stream mid-generation needs the client to read its first text while vLLM is
 # still generating, and with a second engine spinning on the other core the client read it only

@@ -42,17 +42,20 @@ def evaluate(
     max_num_seqs: int = MAX_NUM_SEQS,
     batch_size: str = "auto",
     also: tuple[LocalTask, ...] = (),
+    max_tokens: int = MAX_TOKENS,
     **knobs: str,
 ) -> tuple[subprocess.CompletedProcess, dict[str, float]]:
     """One lm-eval run on the in-process vLLM backend; returns it and vLLM's own counters.
 
     ``site``: a directory put on PYTHONPATH (after the probe's own, which runs it too);
     ``gen_kwargs``: added to lm-eval's ``--gen_kwargs``; ``also``: more tasks in the run;
+    ``max_tokens``: each generation's budget (below MIN_MAX_TOKENS, a run that is to be judged
+    lowers that knob: the engine's steps are most of a run's time after its start-up);
     ``knobs``: the probe's variables.
     """
     metrics = output.with_suffix(".metrics.txt")
     arguments = task.lm_eval_vllm_arguments(
-        model, output, MAX_TOKENS, max_num_seqs, "--log_samples", gen_kwargs=gen_kwargs, batch_size=batch_size,
+        model, output, max_tokens, max_num_seqs, "--log_samples", gen_kwargs=gen_kwargs, batch_size=batch_size,
         also=also,
     )  # fmt: skip
     lm_eval = [vllm_python(), str(SCRIPTS / "lm_eval_counted.py"), str(metrics), "--", *arguments]
