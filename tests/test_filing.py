@@ -332,7 +332,9 @@ def test_a_pipelines_own_payload_builder_runs_only_when_lm_eval_calls_it(
     install(lm)
     answers = lm.generate_until(_chats(GEN_KWARGS, 8))
     assert "" not in answers and calls() == server.snapshot()["generate_requests"] == 8
-    assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == [GEN_KWARGS["max_tokens"]]
+    # Read off what it built; set on the model object, where the probe does not wrap it, unknown.
+    read = [] if how == "instance" else [GEN_KWARGS["max_tokens"]]
+    assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == read
 
 
 @pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
@@ -399,6 +401,102 @@ def test_the_builder_made_to_tell_the_budget_is_lm_evals_own_again_once_the_prob
         chat(server.base_url, 1).generate_until(_chats(GEN_KWARGS, 1))
         assert is_ours(LocalChatCompletion.__dict__["_create_payload"])
     assert LocalChatCompletion.__dict__["_create_payload"] is own
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
+@pytest.mark.parametrize("how", ["instance", "staticmethod", "payload without a budget"])
+def test_a_budget_the_probe_cannot_read_is_unknown_and_never_judged(
+    sim, probed, result_dir, capsys, monkeypatch, concurrency, how
+) -> None:
+    """A pipeline builder the probe does not wrap (set on the model object, a staticmethod), or a
+    payload that names no budget it reads (the server then applies its own default): the budget
+    sent is not known, so nothing is judged, whatever lm-eval's own builder would have sent."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    original = LocalChatCompletion._create_payload
+
+    def clamped(self: Any, *args: Any, **kwargs: Any) -> dict:
+        payload = original(self, *args, **kwargs)
+        if how == "payload without a budget":
+            payload.pop("max_tokens")
+        else:
+            payload["max_tokens"] = 512
+        return payload
+
+    server = sim("never_stop", default_max_tokens=16)
+    lm = chat(server.base_url, concurrency)
+    if how == "instance":
+        lm._create_payload = partial(clamped, lm)
+    elif how == "staticmethod":
+        monkeypatch.setattr(LocalChatCompletion, "_create_payload", staticmethod(lambda *a, **k: clamped(lm, *a, **k)))
+    else:
+        monkeypatch.setattr(LocalChatCompletion, "_create_payload", clamped)
+    answers = lm.generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
+    assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
+    found = probed.evidence_document()["tasks"]["t"]
+    assert (found["max_tokens"], found["below_min_max_tokens"], found["tripped"]) == ([], 24, False)
+    said = capsys.readouterr().err.count("so the probe cannot read the budget its requests are sent with")
+    assert said == (0 if how == "payload without a budget" else 1)
+
+
+def test_a_pipeline_wrapping_the_probes_builder_with_functools_wraps_is_read_and_kept(
+    sim, probed, result_dir, monkeypatch
+) -> None:
+    """A pipeline that patches the builder after the first request, with functools.wraps around
+    the probe's own wrapper (which copies its marker): its function is the pipeline's, wrapped in
+    turn and read (the budget it lowers is the one judged), and taking the probe out keeps it."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    from probe.runtime import install
+    from probe.runtime.patching import is_ours
+
+    monkeypatch.setattr(LocalChatCompletion, "_create_payload", LocalChatCompletion._create_payload)
+    server = sim("never_stop")
+    lm = chat(server.base_url, 4)
+    lm.generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 1))
+    ours = LocalChatCompletion.__dict__["_create_payload"]
+    assert is_ours(ours)
+
+    @functools.wraps(ours)
+    def clamped(self: Any, *args: Any, **kwargs: Any) -> dict:
+        return {**ours(self, *args, **kwargs), "max_tokens": 512}
+
+    assert not is_ours(clamped)
+    LocalChatCompletion._create_payload = clamped
+    answers = lm.generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
+    assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
+    found = probed.evidence_document()["tasks"]["t"]
+    assert (found["max_tokens"], found["below_min_max_tokens"]) == ([512, 4096], 24)
+    install.uninstall()
+    assert LocalChatCompletion.__dict__["_create_payload"] is clamped
+
+
+def test_a_subclass_builder_through_super_is_read_once_on_what_it_sends(sim, probed, capsys) -> None:
+    """A pipeline's builder that calls lm-eval's (already wrapped by an earlier request) through
+    super() and then sets max_tokens: read on what the outer one returns, with no two-budget
+    warning from the payload in between."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    class Same(LocalChatCompletion):
+        def _create_payload(self, *args: Any, **kwargs: Any) -> dict:
+            payload = super()._create_payload(*args, **kwargs)
+            payload["max_tokens"] = payload["max_completion_tokens"]
+            return payload
+
+    server = sim("healthy")
+    chat(server.base_url, 4).generate_until(_chats(GEN_KWARGS, 1))  # wraps lm-eval's own
+    settings = {"until": ["\n\n"], "temperature": 0, "max_completion_tokens": 4096}
+    chat(server.base_url, 4, Same).generate_until(_chats(settings, 8))
+    assert "chat requests name" not in capsys.readouterr().err
+    assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == [GEN_KWARGS["max_tokens"], 4096]
+
+
+def test_sglang_generates_budget_is_read_in_its_sampling_params() -> None:
+    from probe.runtime.budgets import budget_in, names_a_budget
+
+    payload = {"text": "q", "sampling_params": {"max_new_tokens": 2048, "temperature": 0}}
+    assert names_a_budget(payload) and budget_in(payload, chat=False) == 2048
+    assert not names_a_budget({"text": "q", "sampling_params": {}}) and not names_a_budget(["not a dict"])
 
 
 @pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])

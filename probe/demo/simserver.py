@@ -59,7 +59,8 @@ requests are answered with that ``finish_reason`` instead (``"error"``, ``"timeo
 string), with no choices at all (``"no_choices"``) or with a nonsense body (``"malformed"``),
 whatever the mode. ``turn_after``: the generate requests after the first ``turn_after`` run
 every prompt to the cap, looping as ``cap_loop`` says (``loop_short`` without it): a model that
-turns bad mid-run.
+turns bad mid-run. ``default_max_tokens``: the budget of a generate request that names none (as
+vLLM's completions endpoint gives one 16); without it, such a request is taken for loglikelihood.
 
 A token clock (seconds per generated token) makes generations take time; when a client
 drops a request, the tokens generated so far are counted and the request is counted
@@ -184,6 +185,7 @@ class SimServer:
         stream_quirk: str | None = None,
         cap_loop: str | None = None,
         turn_after: int | None = None,
+        default_max_tokens: int | None = None,
     ) -> None:
         if stream_quirk not in STREAM_QUIRKS:
             raise ValueError(f"unknown stream quirk {stream_quirk!r}")
@@ -195,6 +197,7 @@ class SimServer:
             raise ValueError(f"unknown length profile {lengths!r}; choose one of {', '.join(LENGTHS)}")
         self.lengths = lengths
         self.mode = mode
+        self.default_max_tokens = default_max_tokens
         self.seconds_per_token = seconds_per_token
         self.cap_fraction = cap_fraction
         self.malformed_body = malformed_body if malformed_body is not None else {"choices": "nonsense"}
@@ -292,6 +295,8 @@ class SimServer:
         budget = payload.get("max_tokens")
         if chat and payload.get("max_completion_tokens") is not None:
             budget = payload["max_completion_tokens"]
+        if not budget and self.default_max_tokens is not None and not payload.get("echo"):
+            budget = self.default_max_tokens
         if not budget or payload.get("echo"):
             return self._loglikelihood(payload)
         stream = bool(payload.get("stream"))

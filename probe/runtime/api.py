@@ -41,6 +41,9 @@ from probe.runtime.vllm_partial import wanted
 # object: dozens of calls run on the same model at once under num_concurrent > 1.
 _CURRENT: contextvars.ContextVar[Request | None] = contextvars.ContextVar("lm_eval_probe_request", default=None)
 _SIGNATURES: dict[Any, inspect.Signature] = {}
+# Whether a payload builder the probe wrapped is running (in this context): one that calls another
+# (a subclass's through super()) is read once, by the outermost, on what it returns.
+_BUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("lm_eval_probe_building", default=False)
 
 
 def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwargs: dict) -> Request | None:
@@ -68,10 +71,18 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
     # The budget as lm-eval's own builder makes it, until the payload lm-eval sends is built:
     # where the probe sees that built (observe_builder), its budget replaces this one.
     chat = isinstance(messages, list) and bool(messages) and type(messages[0]).__name__ == "JsonChatStr"
-    budget = budgets.predicted(lm, gen_kwargs, chat)
+    observed = observe_builder(lm)
+    if not observed:
+        # What it will send cannot be read: its budget is unknown, and nothing is taken to be at
+        # the cap (a builder that changes the budget would otherwise be judged by another).
+        probe.errors.once(
+            f"unread builder:{type(lm).__qualname__}",
+            f"the payload builder of {type(lm).__qualname__} is set on the model object or is no plain function, "
+            "so the probe cannot read the budget its requests are sent with: the trip rule does not judge them "
+            "(they are counted in the evidence)",
+        )
+    budget = budgets.predicted(lm, gen_kwargs, chat) if observed else None
     request = probe.request(lm, gen_kwargs, prompts, budget)
-    if not observe_builder(lm):
-        _say_if_blind(probe, request, budget)
     request.source = messages
     probe.resume(request)
     return request
@@ -116,14 +127,23 @@ def _recording_builder(original: Callable) -> Callable:
     the probe's (``_CURRENT``), before it is sent; the payload itself is untouched."""
 
     def _create_payload(self: Any, *args: Any, **kwargs: Any) -> Any:
-        payload = original(self, *args, **kwargs)
+        if _BUILDING.get():  # called by a builder that is itself wrapped (super()): the outer one reads
+            return original(self, *args, **kwargs)
+        token = _BUILDING.set(True)
+        try:
+            payload = original(self, *args, **kwargs)
+        finally:
+            _BUILDING.reset(token)
         request, probe = _CURRENT.get(), state.active()
         if request is not None and probe is not None:
             try:
-                if budgets.names_a_budget(payload):
-                    sent = budgets.budget_in(payload, chat="messages" in payload)
-                    probe.budget_sent(request, sent)
-                    _say_if_blind(probe, request, sent)
+                # A payload that names no budget this probe reads is sent with the server's own:
+                # unknown (a server's completions default may be 16 tokens).
+                sent = (
+                    budgets.budget_in(payload, chat="messages" in payload) if budgets.names_a_budget(payload) else None
+                )
+                probe.budget_sent(request, sent)
+                _say_if_blind(probe, request, sent)
             except Exception as error:
                 probe.errors.report("payload", error)
         return payload

@@ -24,11 +24,14 @@ _KEYS = ("max_tokens", "max_completion_tokens")
 
 
 def budget_in(payload: Any, chat: bool) -> Budget:
-    """The budget ``payload`` names (a chat request's two, where it names two); None where it
-    names none this module can read (or is no dict)."""
+    """The budget ``payload`` names (a chat request's two, where it names two; sglang-generate's
+    in its sampling_params); None where it names none this module can read (or is no dict)."""
     if not isinstance(payload, dict):
         return None
     if not chat:
+        nested = payload.get("sampling_params")
+        if "max_tokens" not in payload and isinstance(nested, dict):
+            return _as_int(nested.get("max_new_tokens"))
         return _as_int(payload.get("max_tokens"))
     named = [payload[key] for key in _KEYS if key in payload]
     readings = [value for value in named if not (value is None or (type(value) in (int, float, bool) and value == 0))]
@@ -38,8 +41,11 @@ def budget_in(payload: Any, chat: bool) -> Budget:
 
 
 def names_a_budget(payload: Any) -> bool:
-    """Whether ``payload`` names a budget under a key this module reads (sglang-generate's nests it)."""
-    return isinstance(payload, dict) and any(key in payload for key in _KEYS)
+    """Whether ``payload`` names a budget under a key this module reads."""
+    if not isinstance(payload, dict):
+        return False
+    nested = payload.get("sampling_params")
+    return any(key in payload for key in _KEYS) or (isinstance(nested, dict) and "max_new_tokens" in nested)
 
 
 def predicted(lm: Any, gen_kwargs: Any, chat: bool) -> Budget:

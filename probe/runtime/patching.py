@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any
 
 MARKER = "__lm_eval_probe__"
+# Each wrapper names itself here: functools.wraps copies a wrapper's __dict__ (the marker with it)
+# onto a pipeline's function that wraps it, which names another.
+_SELF = "__lm_eval_probe_self__"
 # (owner, attribute, original raw attribute), oldest first: undone newest first.
 _ORIGINALS: list[tuple[type, str, Any]] = []
 
@@ -13,6 +17,7 @@ _ORIGINALS: list[tuple[type, str, Any]] = []
 def mark(function: Callable, original: Any) -> Callable:
     """Tag ``function`` as the probe's wrapper of ``original`` (kept as ``__wrapped__``)."""
     setattr(function, MARKER, True)
+    setattr(function, _SELF, function)
     function.__wrapped__ = original  # type: ignore[attr-defined]
     return function
 
@@ -21,11 +26,16 @@ def is_ours(raw: Any) -> bool:
     """Whether a raw attribute (function, staticmethod, class, ...) is one of our wrappers.
 
     A class is ours only when it carries the marker itself: a pipeline's subclass of one of
-    our classes inherits the attribute, and is theirs.
+    our classes inherits the attribute, and is theirs. A function is ours only when it names
+    itself (``mark``): a pipeline's function made with functools.wraps around one of ours
+    carries our marker, and is theirs. Any other object is ours when its class is.
     """
     if isinstance(raw, type):
         return bool(raw.__dict__.get(MARKER, False))
-    return getattr(getattr(raw, "__func__", raw), MARKER, False)
+    target = getattr(raw, "__func__", raw)
+    if isinstance(target, FunctionType):
+        return getattr(target, _SELF, None) is target
+    return bool(type(target).__dict__.get(MARKER, False))
 
 
 def replace(owner: type, name: str, replacement: Any) -> None:
