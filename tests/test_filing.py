@@ -491,6 +491,78 @@ def test_a_subclass_builder_through_super_is_read_once_on_what_it_sends(sim, pro
     assert probed.evidence_document()["tasks"]["t"]["max_tokens"] == [GEN_KWARGS["max_tokens"], 4096]
 
 
+def test_an_unread_builder_calling_a_wrapped_one_leaves_the_budget_unknown(sim, probed, result_dir) -> None:
+    """A builder set on the model object that calls the class's builder (which an earlier model's
+    request made the probe wrap) and lowers the budget: unknown, never the class builder's 4096."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    server = sim("never_stop")
+    chat(server.base_url, 4).generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 1))  # wraps the class's
+    lm = chat(server.base_url, 4)
+    lm._create_payload = lambda *a, **k: {**LocalChatCompletion._create_payload(lm, *a, **k), "max_tokens": 512}
+    answers = lm.generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
+    assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
+    found = probed.evidence_document()["tasks"]["t"]
+    assert (found["max_tokens"], found["below_min_max_tokens"], found["observations"]) == ([4096], 24, 25)
+
+
+def test_a_builder_patched_on_while_requests_are_in_flight_is_never_read_as_the_old_one(
+    sim, probed, result_dir, monkeypatch
+) -> None:
+    """A pipeline that patches a budget-lowering builder on as the first payload is built, while
+    eight requests are on their way: what they send is not what the probe's older wrapper
+    returns, so theirs is unknown, and the later ones' is read through the new builder."""
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    monkeypatch.setattr(LocalChatCompletion, "_create_payload", LocalChatCompletion._create_payload)
+    plain = LocalChatCompletion._create_payload
+
+    def first(self: Any, *args: Any, **kwargs: Any) -> dict:
+        current = LocalChatCompletion.__dict__["_create_payload"]  # the probe's wrapper of this one
+        LocalChatCompletion._create_payload = lambda me, *a, **k: {**current(me, *a, **k), "max_tokens": 512}
+        return plain(self, *args, **kwargs)
+
+    LocalChatCompletion._create_payload = first
+    server = sim("never_stop")
+    answers = chat(server.base_url, 8).generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
+    assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
+    found = probed.evidence_document()["tasks"]["t"]
+    assert found["max_tokens"] in ([], [512]) and found["below_min_max_tokens"] == 24
+
+
+def test_a_reinstall_under_a_pipelines_wrapper_of_the_probes_leaves_one_probe_in_the_chain(sim, result_dir) -> None:
+    """A pipeline wraps the probe's amodel_call with functools.wraps; the probe is taken out (the
+    pipeline's function stays, the probe's inside it) and installed again: one probe per call,
+    not two (two gates a call hung the run)."""
+    from lm_eval.models.api_models import TemplateAPI
+
+    from probe.runtime import install
+    from probe.runtime.patching import is_ours
+
+    own = TemplateAPI.__dict__["amodel_call"]
+    try:
+        assert install.install()
+        ours = TemplateAPI.__dict__["amodel_call"]
+
+        @functools.wraps(ours)
+        async def pipelines(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await ours(self, *args, **kwargs)
+
+        TemplateAPI.amodel_call = pipelines
+        install.uninstall()
+        assert install.install()
+        chain, layer = [], TemplateAPI.__dict__["amodel_call"]
+        while layer is not None:
+            chain.append(layer)
+            layer = getattr(layer, "__wrapped__", None)
+        assert sum(map(is_ours, chain)) == 1 and chain[-1] is own
+        server = sim("healthy")
+        assert "" not in chat(server.base_url, 4).generate_until(_chats(GEN_KWARGS, 8))
+    finally:
+        install.uninstall()
+        TemplateAPI.amodel_call = own
+
+
 def test_sglang_generates_budget_is_read_in_its_sampling_params() -> None:
     from probe.runtime.budgets import budget_in, names_a_budget
 

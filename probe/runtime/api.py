@@ -32,7 +32,7 @@ from probe.runtime.gate import Gate
 from probe.runtime.groups import Request
 from probe.runtime.integration import Integration
 from probe.runtime.order import install_order, sampled_order
-from probe.runtime.patching import MARKER, is_ours, mark, replace, restore_where, wrap
+from probe.runtime.patching import MARKER, is_ours, is_ours_within, mark, replace, restore_where, wrap
 from probe.runtime.streamed_post import StreamingSession
 from probe.runtime.versions import LM_EVAL
 from probe.runtime.vllm_partial import wanted
@@ -83,6 +83,7 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
         )
     budget = budgets.predicted(lm, gen_kwargs, chat) if observed else None
     request = probe.request(lm, gen_kwargs, prompts, budget)
+    request.budget_readable = observed  # an unread builder may still call a wrapped one
     request.source = messages
     probe.resume(request)
     return request
@@ -137,18 +138,30 @@ def _recording_builder(original: Callable) -> Callable:
         request, probe = _CURRENT.get(), state.active()
         if request is not None and probe is not None:
             try:
-                # A payload that names no budget this probe reads is sent with the server's own:
-                # unknown (a server's completions default may be 16 tokens).
-                sent = (
-                    budgets.budget_in(payload, chat="messages" in payload) if budgets.names_a_budget(payload) else None
-                )
+                # Read only as the builder lm-eval calls for this model: called by another (a
+                # pipeline's, patched on after this request was made, or set on the model), what
+                # is sent may differ from what this returns, and is unknown. So is the budget of
+                # a payload that names none this probe reads: the server's own applies (vLLM's
+                # completions: 16 tokens).
+                sent = None
+                if _is_the_builder(self, wrapper) and budgets.names_a_budget(payload):
+                    sent = budgets.budget_in(payload, chat="messages" in payload)
                 probe.budget_sent(request, sent)
                 _say_if_blind(probe, request, sent)
             except Exception as error:
                 probe.errors.report("payload", error)
         return payload
 
-    return mark(_create_payload, original)
+    wrapper = mark(_create_payload, original)
+    return wrapper
+
+
+def _is_the_builder(lm: Any, wrapper: Callable) -> bool:
+    """Whether ``wrapper`` is the ``_create_payload`` that ``lm._create_payload`` resolves to."""
+    return (
+        "_create_payload" not in getattr(lm, "__dict__", {})
+        and _raw_attribute(type(lm), "_create_payload")[1] is wrapper
+    )
 
 
 def _begin(
@@ -344,7 +357,7 @@ def observe_parser(cls: type) -> bool:
     callable object) is observed too.
     """
     owner, raw = _raw_attribute(cls, "parse_generations")
-    if owner is None or is_ours(raw):
+    if owner is None or is_ours_within(raw):  # wrapped twice, each response would be observed twice
         return owner is not None
     replacement = _observing(raw)
     if replacement is None:
@@ -372,7 +385,7 @@ def _registering_generate_until(original: Callable, api_models: Any = None) -> C
 
 
 def is_installed(api_models: Any) -> bool:
-    return is_ours(api_models.TemplateAPI.__dict__.get("amodel_call"))
+    return is_ours_within(api_models.TemplateAPI.__dict__.get("amodel_call"))
 
 
 _PATCHED = ("generate_until", "amodel_call", "model_call")

@@ -30,7 +30,7 @@ from probe.runtime import state
 from probe.runtime.contract import EVIDENCE_KEY, Settings, read_settings
 from probe.runtime.integration import Integration
 from probe.runtime.log import say, say_once
-from probe.runtime.patching import is_ours, mark, restore_where, wrap
+from probe.runtime.patching import is_ours_within, mark, restore_where, wrap
 from probe.runtime.versions import LM_EVAL
 
 
@@ -93,7 +93,7 @@ def uninstall_evaluations(evaluator: Any) -> None:
 
 
 def is_installed(evaluator: Any) -> bool:
-    return is_ours(evaluator.__dict__.get("simple_evaluate"))
+    return is_ours_within(evaluator.__dict__.get("simple_evaluate"))
 
 
 INTEGRATION = Integration(

@@ -67,6 +67,9 @@ class Request:
     # different orders (a chat request's max_tokens and max_completion_tokens); None: max_tokens.
     fewest: int | None = None
     observed: bool = False
+    # Whether the payload it is sent with can be read (its builder is one the probe wraps); where
+    # not, its budget stays unknown whatever a wrapped builder it calls returns.
+    budget_readable: bool = True
     cancelled_by_probe: bool = False
     pending: int = 0  # its generations counted in its group's pending ones
     # What its response said, once observed (None: never observed); the gate learns from it.

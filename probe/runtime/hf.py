@@ -37,7 +37,7 @@ from probe.runtime.answers import BLANK
 from probe.runtime.groups import Group, Request, group_key
 from probe.runtime.integration import Integration
 from probe.runtime.order import install_order, sampled_order
-from probe.runtime.patching import is_ours, mark, restore_where, wrap
+from probe.runtime.patching import is_ours_within, mark, restore_where, wrap
 from probe.runtime.versions import LM_EVAL
 from probe.runtime.vllm_offline import OfflineModel
 
@@ -188,7 +188,7 @@ def _probed_generate_until(original: Callable, huggingface: Any = None) -> Calla
 
 def _plan(probe: state.Probe, lm: Any, requests: Any) -> Plan | None:
     cls = type(lm)
-    replaced = [name for name in HOOKED_METHODS if not is_ours(getattr(cls, name, None))]
+    replaced = [name for name in HOOKED_METHODS if not is_ours_within(getattr(cls, name, None))]
     if replaced:
         probe.errors.once(
             f"hf subclass:{cls.__qualname__}",
@@ -355,7 +355,7 @@ def _blanking_postprocess(original: Callable) -> Callable:
 
 
 def is_installed(huggingface: Any) -> bool:
-    return is_ours(huggingface.HFLM.__dict__.get("_model_generate"))
+    return is_ours_within(huggingface.HFLM.__dict__.get("_model_generate"))
 
 
 def install_hf(huggingface: Any) -> None:

@@ -38,6 +38,19 @@ def is_ours(raw: Any) -> bool:
     return bool(type(target).__dict__.get(MARKER, False))
 
 
+def is_ours_within(raw: Any) -> bool:
+    """Whether ``raw`` or anything it wraps (its ``__wrapped__`` chain) is one of our wrappers: a
+    pipeline that wrapped ours after the probe installed leaves ours working inside it, and
+    wrapping again would run the probe twice a call."""
+    for _ in range(64):  # a chain that long, or a cycle, is no one's
+        if raw is None:
+            return False
+        if is_ours(raw):
+            return True
+        raw = getattr(getattr(raw, "__func__", raw), "__wrapped__", None)
+    return False
+
+
 def replace(owner: type, name: str, replacement: Any) -> None:
     """Set ``owner.name`` to ``replacement``, remembering the raw original for :func:`restore_all`."""
     _ORIGINALS.append((owner, name, owner.__dict__[name]))
@@ -45,9 +58,9 @@ def replace(owner: type, name: str, replacement: Any) -> None:
 
 
 def wrap(owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
-    """Replace ``owner.name`` by ``make(original)`` unless it is absent or already ours."""
+    """Replace ``owner.name`` by ``make(original)`` unless it is absent or already ours (or wraps ours)."""
     raw = owner.__dict__.get(name)
-    if raw is not None and not is_ours(raw):
+    if raw is not None and not is_ours_within(raw):
         replace(owner, name, make(raw))
 
 

@@ -28,7 +28,7 @@ from probe.runtime.answers import blanks
 from probe.runtime.groups import Group, Request
 from probe.runtime.integration import Integration
 from probe.runtime.log import ErrorReports, say_once
-from probe.runtime.patching import is_ours, mark, restore_where, wrap
+from probe.runtime.patching import is_ours_within, mark, restore_where, wrap
 from probe.runtime.replicas import POLL_S, REPLICA_FILE, TAG, TRIPPED
 from probe.runtime.versions import VLLM
 
@@ -176,7 +176,7 @@ def _watched(
 
 
 def is_installed(llm_module: Any) -> bool:
-    return is_ours(llm_module.LLM.__dict__.get("generate"))
+    return is_ours_within(llm_module.LLM.__dict__.get("generate"))
 
 
 def install_replica(llm_module: Any) -> None:

@@ -106,10 +106,11 @@ class Probe:
 
     def budget_sent(self, request: Request, max_tokens: Any) -> None:
         """The budget ``request`` is sent with, read off its payload as it was built: it replaces
-        the one the request was made with (a prediction), unless it was observed already."""
+        the one the request was made with (a prediction), unless it was observed already or its
+        budget cannot be read (``Request.budget_readable``)."""
         largest, fewest, is_evidence = self._judged(max_tokens)
         with self.lock:
-            if not request.observed:
+            if not request.observed and request.budget_readable:
                 request.max_tokens, request.fewest, request.is_evidence = largest, fewest, is_evidence
 
     def _judged(self, max_tokens: Any) -> tuple[int | None, int | None, bool]:

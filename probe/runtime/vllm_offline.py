@@ -43,7 +43,7 @@ from probe.runtime.groups import Group, Request
 from probe.runtime.integration import Integration
 from probe.runtime.log import say
 from probe.runtime.order import install_order, sampled_order
-from probe.runtime.patching import is_ours, mark, replace, restore_where, wrap
+from probe.runtime.patching import is_ours_within, mark, replace, restore_where, wrap
 from probe.runtime.versions import LM_EVAL, VLLM
 from probe.runtime.vllm_partial import STREAM_INTERVAL, new_text, wanted, watched_params
 
@@ -474,7 +474,7 @@ def _keeping_made_up_answers(original: Callable) -> Callable:
 
 
 def is_installed(vllm_causallms: Any) -> bool:
-    return is_ours(vllm_causallms.VLLM.__dict__.get("_model_generate"))
+    return is_ours_within(vllm_causallms.VLLM.__dict__.get("_model_generate"))
 
 
 def install_vllm(vllm_causallms: Any) -> None:
@@ -496,7 +496,7 @@ def install_vllm(vllm_causallms: Any) -> None:
     install_order(vllm_causallms)
     wrap(cls, "generate_until", partial(_probed_generate_until, vllm_causallms=vllm_causallms))
     wrap(cls, "_model_generate", partial(_probed_model_generate, vllm_causallms=vllm_causallms))
-    if not is_ours(modify):
+    if not is_ours_within(modify):
         replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
     wrap(vllm_causallms, "postprocess_generated_text", _keeping_made_up_answers)
 
