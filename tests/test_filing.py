@@ -363,31 +363,6 @@ def test_the_budget_judged_is_the_one_a_pipelines_own_builder_sends(
     assert (found["max_tokens"], found["below_min_max_tokens"], found["tripped"]) == ([512], 24, False)
 
 
-@pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
-def test_a_plain_wrapper_of_the_openai_chat_builder_is_judged_by_what_it_sends(
-    sim, probed, result_dir, capsys, monkeypatch, concurrency
-) -> None:
-    """A pipeline's plain wrapper of lm-eval's OpenAI chat builder (no __wrapped__: lm-eval's own
-    builder for this class cannot be found): what it sends, max_completion_tokens alone, is the
-    budget, judged as one, and no two-budget warning is said."""
-    from lm_eval.models.openai_completions import OpenAIChatCompletion
-
-    monkeypatch.setenv("OPENAI_API_KEY", "not used")
-    original = OpenAIChatCompletion._create_payload
-
-    def tweaked(self: Any, *args: Any, **kwargs: Any) -> dict:
-        return {**original(self, *args, **kwargs), "reasoning_effort": "low"}
-
-    monkeypatch.setattr(OpenAIChatCompletion, "_create_payload", tweaked)
-    server = sim("never_stop")
-    settings = {"until": ["\n\n"], "temperature": 0, "max_completion_tokens": 2048}
-    answers = _lm_eval_model("openai-chat", server.base_url, concurrency).generate_until(_chats(settings, 40))
-    assert answers.count("") >= 40 - 16 - 4
-    trip = json.loads((result_dir / contract.SIDECAR_NAME).read_text())["verdict"]
-    assert (trip["cause"], trip["max_tokens"]) == (contract.OUTPUT_CAP, [2048])
-    assert "chat requests name" not in capsys.readouterr().err
-
-
 def test_the_builder_made_to_tell_the_budget_is_lm_evals_own_again_once_the_probe_is_out(sim, result_dir) -> None:
     """The probe wraps the payload builder lm-eval calls (on the class that defines it) as the first
     request is made; taking the probe out restores lm-eval's own function."""
@@ -571,12 +546,24 @@ def test_sglang_generates_budget_is_read_in_its_sampling_params() -> None:
     assert not names_a_budget({"text": "q", "sampling_params": {}}) and not names_a_budget(["not a dict"])
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["lm-eval's", "a pipeline's plain wrapper"])
 @pytest.mark.parametrize("concurrency", [1, 4], ids=["sync", "async"])
 def test_a_model_that_sends_max_completion_tokens_alone_trips_by_it_and_warns_of_nothing(
-    sim, probed, result_dir, capsys, monkeypatch, concurrency
+    sim, probed, result_dir, capsys, monkeypatch, concurrency, wrapped
 ) -> None:
-    """lm-eval's OpenAI chat model sends only max_completion_tokens: one budget, judged as one."""
+    """lm-eval's OpenAI chat model sends only max_completion_tokens: one budget, judged as one;
+    so it is under a pipeline's plain wrapper of its builder (no __wrapped__: lm-eval's own builder
+    for the class cannot be found, and what the wrapper sends is read)."""
+    from lm_eval.models.openai_completions import OpenAIChatCompletion
+
     monkeypatch.setenv("OPENAI_API_KEY", "not used")
+    if wrapped:
+        original = OpenAIChatCompletion._create_payload
+
+        def tweaked(self: Any, *args: Any, **kwargs: Any) -> dict:
+            return {**original(self, *args, **kwargs), "reasoning_effort": "low"}
+
+        monkeypatch.setattr(OpenAIChatCompletion, "_create_payload", tweaked)
     server = sim("never_stop")
     settings = {"until": ["\n\n"], "temperature": 0, "max_completion_tokens": 2048}
     answers = _lm_eval_model("openai-chat", server.base_url, concurrency).generate_until(_chats(settings, 40))
