@@ -41,9 +41,6 @@ from probe.runtime.vllm_partial import wanted
 # object: dozens of calls run on the same model at once under num_concurrent > 1.
 _CURRENT: contextvars.ContextVar[Request | None] = contextvars.ContextVar("lm_eval_probe_request", default=None)
 _SIGNATURES: dict[Any, inspect.Signature] = {}
-# Whether a payload builder the probe wrapped is running (in this context): one that calls another
-# (a subclass's through super()) is read once, by the outermost, on what it returns.
-_BUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("lm_eval_probe_building", default=False)
 
 
 def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwargs: dict) -> Request | None:
@@ -112,10 +109,8 @@ def observe_builder(lm: Any) -> bool:
 
     Called on every request, as ``observe_parser`` is: a pipeline that replaces the builder
     after the probe wrapped it is wrapped too. The builder is never called by the probe."""
-    if "_create_payload" in getattr(lm, "__dict__", {}):
-        return False
-    owner, raw = _raw_attribute(type(lm), "_create_payload")
-    if owner is None or is_ours(raw):
+    owner, raw = _builder_in_effect(lm)
+    if owner is None or is_ours(raw):  # not is_ours_within: a pipeline's wrapper of ours is read by a new one
         return owner is not None
     if not isinstance(raw, FunctionType):
         return False
@@ -123,28 +118,31 @@ def observe_builder(lm: Any) -> bool:
     return True
 
 
+def _builder_in_effect(lm: Any) -> tuple[type | None, Any]:
+    """The class that defines the ``_create_payload`` lm-eval calls for ``lm``, and its raw attribute;
+    (None, None) where there is none, or it is set on the model object (which the probe never wraps)."""
+    if "_create_payload" in getattr(lm, "__dict__", {}):
+        return None, None
+    return _raw_attribute(type(lm), "_create_payload")
+
+
 def _recording_builder(original: Callable) -> Callable:
     """``original`` made to tell the probe the budget of each payload it builds for a request of
     the probe's (``_CURRENT``), before it is sent; the payload itself is untouched."""
 
     def _create_payload(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _BUILDING.get():  # called by a builder that is itself wrapped (super()): the outer one reads
-            return original(self, *args, **kwargs)
-        token = _BUILDING.set(True)
-        try:
-            payload = original(self, *args, **kwargs)
-        finally:
-            _BUILDING.reset(token)
+        payload = original(self, *args, **kwargs)
         request, probe = _CURRENT.get(), state.active()
         if request is not None and probe is not None:
             try:
                 # Read only as the builder lm-eval calls for this model: called by another (a
-                # pipeline's, patched on after this request was made, or set on the model), what
-                # is sent may differ from what this returns, and is unknown. So is the budget of
-                # a payload that names none this probe reads: the server's own applies (vLLM's
+                # subclass's through super(), a pipeline's patched on after this request was made,
+                # one set on the model), what is sent may differ from what this returns, and is
+                # unknown until that one, where it is wrapped too, returns. So is the budget of a
+                # payload that names none this probe reads: the server's own applies (vLLM's
                 # completions: 16 tokens).
                 sent = None
-                if _is_the_builder(self, wrapper) and budgets.names_a_budget(payload):
+                if _builder_in_effect(self)[1] is wrapper and budgets.names_a_budget(payload):
                     sent = budgets.budget_in(payload, chat="messages" in payload)
                 probe.budget_sent(request, sent)
                 _say_if_blind(probe, request, sent)
@@ -154,14 +152,6 @@ def _recording_builder(original: Callable) -> Callable:
 
     wrapper = mark(_create_payload, original)
     return wrapper
-
-
-def _is_the_builder(lm: Any, wrapper: Callable) -> bool:
-    """Whether ``wrapper`` is the ``_create_payload`` that ``lm._create_payload`` resolves to."""
-    return (
-        "_create_payload" not in getattr(lm, "__dict__", {})
-        and _raw_attribute(type(lm), "_create_payload")[1] is wrapper
-    )
 
 
 def _begin(
