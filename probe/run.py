@@ -230,6 +230,18 @@ def summary(
             "summary: the probe did not trip and wrote no report: no lm-eval model it watches ran under it, or the "
             "command did not exit through Python's normal shutdown" + other
         )
+    tripped = [e for e in evaluations if e.get("tripped") is True]
+    if tripped:  # its command gave lm-eval a results directory of its own (RESULT_DIR, --output_path)
+        where = sorted({str(e["sidecar"]) for e in tripped if e.get("sidecar")})
+        return (
+            f"summary: TRIPPED in {len(tripped)} of {len(evaluations)} evaluation(s), whose trip record is not in "
+            f"{result_dir}: "
+            + ("; ".join(where) if where else "written by another process of the run")
+            + other
+            + (f". Then {signalled}" if signalled else "")
+            + ". Next: "
+            + ("; ".join(f"eval-probe read {Path(w).parent}" for w in where) or "eval-probe read its results directory")
+        )
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
     if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
         highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"

@@ -195,6 +195,22 @@ def test_run_never_reports_a_leftover_sidecar_as_this_runs_trip(sim, local_task,
     assert "the probe did not trip" in run.stderr and "most cut off: " in run.stderr
 
 
+def test_a_trip_whose_record_the_command_put_elsewhere_is_still_a_trip(sim, local_task, tmp_path: Path) -> None:
+    """A command that names its own RESULT_DIR puts the trip record there, not in the directory
+    `eval-probe run` gave it: the summary says TRIPPED and where the record is, never 'did not trip'."""
+    server = sim("never_stop")
+    elsewhere = tmp_path / "elsewhere"
+    lm_eval = local_task.lm_eval_command(server.base_url, "sim", tmp_path / "out", 2048, 16)
+    run = eval_probe_run(tmp_path, "env", f"RESULT_DIR={elsewhere}", *lm_eval)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stderr.splitlines() if "summary:" in line]
+    sidecar = elsewhere / contract.SIDECAR_NAME
+    assert json.loads(sidecar.read_text())["verdict"]["tripped"] is True
+    assert "did not trip" not in line
+    assert "summary: TRIPPED in 1 of 1 evaluation(s), whose trip record is not in " in line, line
+    assert f": {sidecar}. Next: eval-probe read {elsewhere}" in line, line
+
+
 def test_run_passes_the_exit_code_through_and_removes_an_empty_results_directory(tmp_path: Path) -> None:
     run = eval_probe_run(tmp_path, PYTHON, "-c", "import sys, os; print(os.environ['RESULT_DIR']); sys.exit(3)")
     assert run.returncode == 3
