@@ -219,7 +219,11 @@ def summary(
         bad = sum(g["pathological"] for g in groups)
         worst = max(((t, f["cut_off_rate"]) for e in evaluations for t, f in e["tasks"].items() if f["cut_off_rate"]),
                     key=lambda found: found[1], default=None)  # fmt: skip
-        unjudged = sum(f.get("below_min_max_tokens", 0) for e in evaluations for f in e["tasks"].values())
+        unjudged = sum(
+            f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0)
+            for e in evaluations
+            for f in e["tasks"].values()
+        )
     except (KeyError, TypeError, AttributeError):
         evaluations = []
     if not evaluations:

@@ -409,7 +409,8 @@ def test_a_budget_the_probe_cannot_read_is_unknown_and_never_judged(
     answers = lm.generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
     assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
     found = probed.evidence_document()["tasks"]["t"]
-    assert (found["max_tokens"], found["below_min_max_tokens"], found["tripped"]) == ([], 24, False)
+    assert (found["max_tokens"], found["unknown_budget"], found["below_min_max_tokens"]) == ([], 24, 0)
+    assert not found["tripped"]
     said = capsys.readouterr().err.count("so the probe cannot read the budget its requests are sent with")
     assert said == (0 if how == "payload without a budget" else 1)
 
@@ -478,7 +479,7 @@ def test_an_unread_builder_calling_a_wrapped_one_leaves_the_budget_unknown(sim, 
     answers = lm.generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
     assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
     found = probed.evidence_document()["tasks"]["t"]
-    assert (found["max_tokens"], found["below_min_max_tokens"], found["observations"]) == ([4096], 24, 25)
+    assert (found["max_tokens"], found["unknown_budget"], found["observations"]) == ([4096], 24, 25)
 
 
 def test_a_builder_patched_on_while_requests_are_in_flight_is_never_read_as_the_old_one(
@@ -502,7 +503,8 @@ def test_a_builder_patched_on_while_requests_are_in_flight_is_never_read_as_the_
     answers = chat(server.base_url, 8).generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 24))
     assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
     found = probed.evidence_document()["tasks"]["t"]
-    assert found["max_tokens"] in ([], [512]) and found["below_min_max_tokens"] == 24
+    assert found["max_tokens"] in ([], [512]) and found["below_min_max_tokens"] + found["unknown_budget"] == 24
+    assert found["unknown_budget"] > 0  # the eight in flight as the builder changed
 
 
 def test_a_reinstall_under_a_pipelines_wrapper_of_the_probes_leaves_one_probe_in_the_chain(sim, result_dir) -> None:

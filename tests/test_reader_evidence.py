@@ -135,10 +135,13 @@ def test_a_group_carries_a_caveat_even_when_its_sums_are_under_the_rate(tmp_path
      ({"finish_reasons": {"stop": 3}}, False, "finish reasons other than its observations"),
      ({"causes": {"output_cap": 30}}, False, "causes other than its cut-off"),
      ({"stop_at_cap": 500}, False, "'stop_at_cap'"),
-     ({"below_min_max_tokens": 500}, False, "'below_min_max_tokens'")],
+     ({"below_min_max_tokens": 500}, False, "'below_min_max_tokens'"),
+     ({"unknown_budget": 500}, False, "'unknown_budget'"),
+     ({"below_min_max_tokens": 30, "unknown_budget": 30}, False, "under an unknown budget than it observed")],
     ids=["blanked-not-tripped", "blanked-task-not-tripped", "task-tripped-run-not", "cancelled-more-than-blanked",
          "observed-more-than-asked", "observed-and-blanked-more-than-asked", "flagged-more-than-answered",
-         "reasons-not-observations", "causes-not-cut-off", "stops-at-cap-not-stops", "below-min-not-observed"],
+         "reasons-not-observations", "causes-not-cut-off", "stops-at-cap-not-stops", "below-min-not-observed",
+         "unknown-budget-not-observed", "unjudged-not-observed"],
 )  # fmt: skip
 def test_evidence_that_contradicts_itself_is_unavailable(tmp_path: Path, changes: dict, tripped: bool,
                                                          words: str) -> None:  # fmt: skip

@@ -96,17 +96,20 @@ def _figures_problem(figures: Any) -> str | None:
 def _parts_problem(figures: dict[str, Any]) -> str | None:
     """The counts that are parts of others, as the runtime files them (``TaskEvidence``): every
     observation under one finish reason, every cut-off generation under one cause, the stops at
-    the cap and the generations below MIN_MAX_TOKENS among the observations (absent from
-    evidence written before they were counted)."""
+    the cap, and the generations below MIN_MAX_TOKENS and those under an unknown budget (two
+    parts apart), among the observations (absent from evidence written before they were counted)."""
     observed, reasons, causes = figures["observations"], figures["finish_reasons"], figures["causes"]
     if sum(reasons.values()) != observed or sum(causes.values()) != figures["cut_off"]:
         return ("counts finish reasons other than its observations, or causes other than its cut-off "
                 "generations: the evidence contradicts itself")  # fmt: skip
     stops = min(reasons.get("stop", 0), causes.get("output_cap", 0))
-    for name, most in (("stop_at_cap", stops), ("below_min_max_tokens", observed)):
+    for name, most in (("stop_at_cap", stops), ("below_min_max_tokens", observed), ("unknown_budget", observed)):
         value = figures.get(name, 0)
         if not is_count(value) or value > most:
             return f"has a count {name!r} that is not within its observations: the evidence contradicts itself"
+    if figures.get("below_min_max_tokens", 0) + figures.get("unknown_budget", 0) > observed:
+        return ("counts more generations below MIN_MAX_TOKENS or under an unknown budget than it observed: "
+                "the evidence contradicts itself")  # fmt: skip
     return None
 
 

@@ -73,7 +73,8 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 # - observation: one generation whose ending the probe saw (a choice of a response).
 # - evidence: an observation that counts for the rule: its request's max_tokens is at least
 #   HYPERLOOM_EVAL_PROBE_MIN_MAX_TOKENS (``Request.is_evidence``). The others are counted
-#   apart, as ``below_min_max_tokens``, and never judged.
+#   apart, as ``below_min_max_tokens`` (a budget below it) or ``unknown_budget`` (a budget the
+#   probe could not read), and never judged.
 # - cut off: a generation that ended without the model choosing to stop; its *cause* is one
 #   of CAUSES below. The rule counts every cause in RULE_CAUSES ("pathological" in the trip
 #   record's figures); an abort is the server's doing, so it is filed but never counted.

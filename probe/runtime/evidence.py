@@ -166,6 +166,7 @@ class TaskEvidence:
     short_circuited: int = 0  # answered blank by the probe, never sent
     cancelled: int = 0  # cancelled in flight by the probe, answered blank
     below_min_max_tokens: int = 0  # observed, but under the budget that counts for the rule
+    unknown_budget: int = 0  # observed, under a budget the probe could not read (never judged)
     flagged: int = 0  # generations the loop detector flagged from their partial output
     flagged_endings: Counter = field(default_factory=Counter)  # how those then ended: finish reasons
     watched: int = 0  # observed generations whose partial output the loop detector had read
@@ -191,7 +192,9 @@ class TaskEvidence:
             self.causes[choice.cause] += 1
         self.empty_answers += choice.empty
         self.stop_at_cap += choice.stop_at_cap
-        self.below_min_max_tokens += not is_evidence
+        unknown = max_tokens is None or max_tokens == ()
+        self.unknown_budget += unknown
+        self.below_min_max_tokens += not (is_evidence or unknown)
         _record_budget(self.max_tokens, max_tokens)
 
     def as_dict(self, tripped: bool) -> dict[str, Any]:
@@ -208,6 +211,7 @@ class TaskEvidence:
             "short_circuited": self.short_circuited,
             "cancelled_in_flight": self.cancelled,
             "below_min_max_tokens": self.below_min_max_tokens,
+            "unknown_budget": self.unknown_budget,
             "flagged": self.flagged,
             "flagged_endings": dict(sorted(self.flagged_endings.items())),
             "watched": self.watched,

@@ -61,7 +61,8 @@ def figures(**changes: object) -> dict:
         "generate_requests": observed + changes.get("short_circuited", 0), "observations": observed,
         "finish_reasons": {"stop": observed}, "cut_off": 0,
         "cut_off_rate": 0.0, "causes": {"output_cap": 0}, "empty_answers": 0, "short_circuited": 0,
-        "cancelled_in_flight": 0, "below_min_max_tokens": 0, "max_tokens": [2048], "tripped": False,
+        "cancelled_in_flight": 0, "below_min_max_tokens": 0, "unknown_budget": 0, "max_tokens": [2048],
+        "tripped": False,
     }  # fmt: skip
     found.update(changes)
     return found
