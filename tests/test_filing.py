@@ -482,20 +482,23 @@ def test_an_unread_builder_calling_a_wrapped_one_leaves_the_budget_unknown(sim, 
     assert (found["max_tokens"], found["unknown_budget"], found["observations"]) == ([4096], 24, 25)
 
 
+@pytest.mark.parametrize("calls", ["the probe's older wrapper", "lm-eval's own builder"])
 def test_a_builder_patched_on_while_requests_are_in_flight_is_never_read_as_the_old_one(
-    sim, probed, result_dir, monkeypatch
+    sim, probed, result_dir, monkeypatch, capsys, calls
 ) -> None:
     """A pipeline that patches a budget-lowering builder on as the first payload is built, while
     eight requests are on their way: what they send is not what the probe's older wrapper
-    returns, so theirs is unknown, and the later ones' is read through the new builder."""
+    returns, nor what lm-eval's own builder predicted (the new one may reach no wrapper of the
+    probe's), so theirs is unknown, and the later ones' is read through the new builder."""
     from lm_eval.models.openai_completions import LocalChatCompletion
 
     monkeypatch.setattr(LocalChatCompletion, "_create_payload", LocalChatCompletion._create_payload)
     plain = LocalChatCompletion._create_payload
 
     def first(self: Any, *args: Any, **kwargs: Any) -> dict:
-        current = LocalChatCompletion.__dict__["_create_payload"]  # the probe's wrapper of this one
-        LocalChatCompletion._create_payload = lambda me, *a, **k: {**current(me, *a, **k), "max_tokens": 512}
+        # The probe's wrapper of this one, or lm-eval's own (a pipeline that kept it at import).
+        inner = LocalChatCompletion.__dict__["_create_payload"] if calls.startswith("the probe") else plain
+        LocalChatCompletion._create_payload = lambda me, *a, **k: {**inner(me, *a, **k), "max_tokens": 512}
         return plain(self, *args, **kwargs)
 
     LocalChatCompletion._create_payload = first
@@ -505,12 +508,15 @@ def test_a_builder_patched_on_while_requests_are_in_flight_is_never_read_as_the_
     found = probed.evidence_document()["tasks"]["t"]
     assert found["max_tokens"] in ([], [512]) and found["below_min_max_tokens"] + found["unknown_budget"] == 24
     assert found["unknown_budget"] > 0  # the eight in flight as the builder changed
+    said = capsys.readouterr().err.count("payload was built by no payload builder the probe reads")
+    assert said == (calls == "lm-eval's own builder")  # once; a reading by the older wrapper is a reading (unknown)
 
 
 def test_a_reinstall_under_a_pipelines_wrapper_of_the_probes_leaves_one_probe_in_the_chain(sim, result_dir) -> None:
     """A pipeline wraps the probe's amodel_call with functools.wraps; the probe is taken out (the
     pipeline's function stays, the probe's inside it) and installed again: one probe per call,
-    not two (two gates a call hung the run)."""
+    not two (two gates a call hung the run), and every other hook back in place (the surviving
+    amodel_call once stood for all three, and the sync path ran unprobed)."""
     from lm_eval.models.api_models import TemplateAPI
 
     from probe.runtime import install
@@ -533,8 +539,12 @@ def test_a_reinstall_under_a_pipelines_wrapper_of_the_probes_leaves_one_probe_in
             chain.append(layer)
             layer = getattr(layer, "__wrapped__", None)
         assert sum(map(is_ours, chain)) == 1 and chain[-1] is own
+        assert is_ours(TemplateAPI.__dict__["model_call"]) and is_ours(TemplateAPI.__dict__["generate_until"])
         server = sim("healthy")
         assert "" not in chat(server.base_url, 4).generate_until(_chats(GEN_KWARGS, 8))
+        never = sim("never_stop")
+        answers = chat(never.base_url, 1).generate_until(_chats({**GEN_KWARGS, "max_tokens": 4096}, 40))
+        assert answers.count("") >= 40 - 16 - 1 and (result_dir / contract.SIDECAR_NAME).exists()  # the sync path
     finally:
         install.uninstall()
         TemplateAPI.amodel_call = own

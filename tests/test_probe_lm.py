@@ -7,11 +7,12 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lm_eval.models import api_models
 from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
-from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed, settled
+from support.lm import COMMON, GEN_KWARGS, chat, completions, generate, probe_installed, settled
 
 from probe.runtime import api, contract, install, patching, state
 
@@ -351,12 +352,13 @@ def test_unwritable_result_dir_means_no_short_circuit(sim, tmp_path, monkeypatch
     assert "TRIP NOT APPLIED" in capsys.readouterr().err
 
 
-def test_malformed_responses_are_not_evidence(sim, probed, result_dir) -> None:
+def test_malformed_responses_are_not_evidence(sim, probed, result_dir, capsys) -> None:
     bad = {"choices": [{"index": 0, "text": " 1", "finish_reason": 42}], "usage": {"completion_tokens": "many"}}
     server = sim("malformed", malformed_body=bad)
     answers = generate(completions(server.base_url), 20)
     assert answers == [" 1"] * 20
     assert all(g.tally.observed == 0 for g in probed.groups)
+    assert capsys.readouterr().err.count("a response held no generation the probe can read") == 1
 
 
 def test_an_internal_error_is_contained_and_reported_once(sim, probed, result_dir, monkeypatch, capsys) -> None:
@@ -453,3 +455,59 @@ def test_a_parser_that_cannot_be_wrapped_is_said_once_and_runs_unprobed(sim, res
         LocalCompletionsAPI.parse_generations = original
     assert "" not in answers and server.snapshot()["generate_requests"] == 30
     assert capsys.readouterr().err.count("cannot be observed") == 1
+
+
+@pytest.mark.parametrize("calls_ours", [False, True], ids=["parses-itself", "calls-ours"])
+def test_a_subclass_parser_made_with_wraps_around_the_probes_is_observed_once(sim, result_dir, calls_ours) -> None:
+    """A pipeline's subclass whose parser carries the probe's (functools.wraps) but parses by itself
+    was taken for the probe's and never observed on the async path; one that calls the probe's
+    is observed once, not twice."""
+    import functools
+
+    server = sim("never_stop")
+    assert install.install()
+    try:
+        generate(completions(server.base_url, num_concurrent=1), 1)  # the probe wraps lm-eval's parser
+        ours = LocalCompletionsAPI.__dict__["parse_generations"].__func__
+
+        @functools.wraps(ours)
+        def parse(outputs: Any, **kwargs: Any) -> list[str]:
+            if calls_ours:
+                return ours(outputs, **kwargs)
+            return [c.get("text") or "" for out in (outputs if isinstance(outputs, list) else [outputs])
+                    for c in out["choices"]]  # fmt: skip
+
+        mine = type("Mine", (LocalCompletionsAPI,), {"parse_generations": staticmethod(parse)})
+        url = f"{server.base_url}/v1/completions"
+        answers = generate(mine(base_url=url, num_concurrent=4, **COMMON), 40, {**GEN_KWARGS, "max_tokens": 4096})
+        probe = state.ACTIVE
+    finally:
+        install.uninstall()
+    assert answers.count("") >= 40 - 16 - 4 and (result_dir / contract.SIDECAR_NAME).exists()
+    (group,) = [g for g in probe.groups if g.tally.observed > 1]
+    assert group.tally.observed == 40 - answers.count("")  # each answer that came back observed once
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_sglang_generates_native_answers_are_judged(sim, result_dir, batch_size) -> None:
+    """lm-eval's sglang-generate talks to SGLang's /generate, whose answers hold each output's
+    finish reason in its meta_info (a list of outputs for a batch): read, a never-stopping model
+    trips as on the OpenAI routes, and a healthy one is answered as unprobed."""
+    sglang = pytest.importorskip("lm_eval.models.sglang_generate_API")
+
+    def model(server: Any) -> Any:
+        url = f"{server.base_url}/generate"
+        return sglang.SGLANGGENERATEAPI(base_url=url, num_concurrent=4, batch_size=batch_size, **COMMON)
+
+    healthy = sim("healthy")
+    unprobed = generate(model(healthy), 24)
+    never = sim("never_stop")
+    with probe_installed():
+        probed = generate(model(healthy), 24)
+        answers = generate(model(never), 40, {**GEN_KWARGS, "max_tokens": 4096})  # a group of its own
+        probe = state.ACTIVE
+    assert probed == unprobed and "" not in probed
+    assert answers.count("") >= 40 - 16 - 4 * batch_size and (result_dir / contract.SIDECAR_NAME).exists()
+    verdict = _sidecar(result_dir)["verdict"]
+    assert (verdict["pathological"], verdict["max_tokens"], verdict["finish_reasons"]) == (16, [4096], {"length": 16})
+    assert sum(group.tally.observed for group in probe.groups) >= 24 + 16

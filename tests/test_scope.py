@@ -4,11 +4,13 @@ other. Real lm-eval, real simulated servers, real child processes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.procs import PYTHON, probe_site
@@ -18,6 +20,7 @@ from probe.demo.localtask import METRIC, offline_env, write_task
 from probe.runtime import chain, contract, state
 from probe.runtime.contract import EVIDENCE_KEY
 from probe.runtime.integrations import INTEGRATIONS, targets
+from probe.runtime.patching import is_ours
 
 DOCS = 24
 
@@ -166,8 +169,13 @@ def test_the_stub_waits_for_every_integration_and_nothing_else() -> None:
 
 
 @pytest.mark.entry
-@pytest.mark.parametrize("name", ["lm_eval.evaluator", "lm_eval.models.api_models"])
-def test_each_integration_installs_and_uninstalls_symmetrically(name: str, result_dir) -> None:
+@pytest.mark.parametrize(
+    ("name", "where", "hooks"),
+    [("lm_eval.evaluator", None, ("simple_evaluate", "evaluate")),
+     ("lm_eval.models.api_models", "TemplateAPI", ("generate_until", "amodel_call", "model_call"))],
+)  # fmt: skip
+def test_each_integration_installs_and_uninstalls_symmetrically(name: str, where: str | None, hooks: tuple,
+                                                                 result_dir) -> None:  # fmt: skip
     import importlib
 
     from probe.runtime import install
@@ -175,14 +183,64 @@ def test_each_integration_installs_and_uninstalls_symmetrically(name: str, resul
 
     integration, module = integration_for(name), importlib.import_module(name)
     before = dict(vars(module))
+    owner = getattr(module, where) if where else module
     try:
-        assert install.install_integration(integration, module) and integration.is_installed(module)
+        assert install.install_integration(integration, module) and all(is_ours(owner.__dict__[h]) for h in hooks)
+        installed = {h: owner.__dict__[h] for h in hooks}
         assert install.install_integration(integration, module)  # idempotent
+        assert {h: owner.__dict__[h] for h in hooks} == installed
     finally:
         integration.uninstall(module)
         install.uninstall()
-    assert not integration.is_installed(module)
+    assert not any(is_ours(owner.__dict__[h]) for h in hooks)
     assert {k: v for k, v in vars(module).items() if k in before} == before
+
+
+def _hooks_of(integration: Any, module: Any) -> list[tuple[Any, str]]:
+    """What installing ``integration`` puts in place, each (owner, attribute name)."""
+    from probe.runtime import install, patching
+
+    before = len(patching._ORIGINALS)
+    assert install.install_integration(integration, module)
+    return [(owner, name) for owner, name, _ in patching._ORIGINALS[before:]]
+
+
+@pytest.mark.parametrize(
+    "integration",
+    # Those whose modules import torch or vLLM run in the pass that has them (marked hf).
+    [pytest.param(i, id=i.waits_for, marks=() if i.waits_for in ("lm_eval.evaluator", "lm_eval.models.api_models")
+                  else pytest.mark.hf) for i in INTEGRATIONS],
+)  # fmt: skip
+def test_a_reinstall_puts_back_every_hook_a_pipelines_wrapper_did_not_keep(integration: Any, result_dir) -> None:
+    """Whichever hook a pipeline wraps (functools.wraps, so it carries the probe's wrapper inside
+    it through an uninstall), installing again puts every other hook back: no one hook stands for
+    the install (the surviving amodel_call once did, and the sync path ran unprobed)."""
+    from probe.runtime import install
+    from probe.runtime.patching import is_ours_within
+
+    module = pytest.importorskip(integration.waits_for)
+    try:
+        hooks = _hooks_of(integration, module)
+        install.uninstall()
+        assert hooks
+        for kept_owner, kept_name in hooks:
+            original = kept_owner.__dict__[kept_name]
+            try:
+                _hooks_of(integration, module)
+                ours = kept_owner.__dict__[kept_name]
+                inner = ours.__func__ if isinstance(ours, staticmethod) else ours
+                kept = functools.wraps(inner)(lambda *args, _inner=inner, **kwargs: _inner(*args, **kwargs))
+                kept = staticmethod(kept) if isinstance(ours, staticmethod) else kept  # a hook of the same kind
+                setattr(kept_owner, kept_name, kept)  # the pipeline's, holding the probe's
+                install.uninstall()
+                assert install.install_integration(integration, module)
+                missing = [name for owner, name in hooks if not is_ours_within(owner.__dict__.get(name))]
+                assert not missing, f"kept {kept_name}: not put back: {missing}"
+            finally:
+                install.uninstall()
+                setattr(kept_owner, kept_name, original)
+    finally:
+        install.uninstall()
 
 
 @pytest.mark.entry

@@ -1,7 +1,8 @@
 """A simulated OpenAI-compatible server for tests, the demo and the benchmarks.
 
-Serves ``/v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1 (aiohttp) and
-behaves like a chosen kind of model:
+Serves ``/v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1 (aiohttp), and SGLang's
+native ``/generate`` (lm-eval's sglang-generate: ``sampling_params.max_new_tokens``, unstreamed,
+each output's finish reason in its ``meta_info``), and behaves like a chosen kind of model:
 
 - ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``), its
   text " and" then random words: it never stops and never loops (as in ``window``,
@@ -251,6 +252,7 @@ class SimServer:
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_post("/generate", self._sglang_generate)
         app.router.add_get("/stats", self._stats)
         app.router.add_get("/health", self._health)
         # handler_cancellation: a dropped client cancels the handler, as vLLM aborts.
@@ -342,6 +344,24 @@ class SimServer:
         with self._lock:
             self.stats.stopped += all(reason == "stop" for _, _, reason in plans)
         return web.json_response(body)
+
+    async def _sglang_generate(self, request: web.Request) -> web.Response:
+        """SGLang's ``/generate``: one output for a text, a list of them for a list of texts; a
+        request without max_new_tokens gets SGLang's default, 128."""
+        payload = await request.json()
+        params = payload.get("sampling_params") or {}
+        texts = payload.get("text", "")
+        prompts = [str(text) for text in texts] if isinstance(texts, list) else [str(texts)]
+        with self._lock:
+            self.stats.generate_requests += 1
+            self.stats.generate_request_times.append(time.time())
+        plans = [self._plan(prompt, int(params.get("max_new_tokens") or 128)) for prompt in prompts]
+        await self._generate(max(tokens for _, tokens, _ in plans), sum(tokens for _, tokens, _ in plans))
+        outputs = [
+            {"text": text, "meta_info": {"finish_reason": {"type": reason}, "completion_tokens": tokens}}
+            for text, tokens, reason in plans
+        ]
+        return web.json_response(outputs if isinstance(texts, list) else outputs[0])
 
     async def _respond(self, request: web.Request, payload: dict[str, Any], body: Any) -> web.StreamResponse:
         """``body`` as asked: streamed when it can be (a well-formed response), else as JSON."""

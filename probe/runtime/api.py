@@ -29,10 +29,10 @@ from probe.runtime import budgets, state
 from probe.runtime.answers import BLANK, ShortCircuitedResponse
 from probe.runtime.contract import ENV_MIN_MAX_TOKENS
 from probe.runtime.gate import Gate
-from probe.runtime.groups import Request
+from probe.runtime.groups import PREDICTED, UNREADABLE, Request
 from probe.runtime.integration import Integration
 from probe.runtime.order import install_order, sampled_order
-from probe.runtime.patching import MARKER, is_ours, is_ours_within, mark, replace, restore_where, wrap
+from probe.runtime.patching import MARKER, is_ours, mark, replace, restore_where, wrap
 from probe.runtime.streamed_post import StreamingSession
 from probe.runtime.versions import LM_EVAL
 from probe.runtime.vllm_partial import wanted
@@ -79,8 +79,8 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
             "(they are counted in the evidence)",
         )
     budget = budgets.predicted(lm, gen_kwargs, chat) if observed else None
-    request = probe.request(lm, gen_kwargs, prompts, budget)
-    request.budget_readable = observed  # an unread builder may still call a wrapped one
+    # An unread builder may still call a wrapped one: what that returns is not what is sent.
+    request = probe.request(lm, gen_kwargs, prompts, budget, budget_source=PREDICTED if observed else UNREADABLE)
     request.source = messages
     probe.resume(request)
     return request
@@ -347,7 +347,9 @@ def observe_parser(cls: type) -> bool:
     callable object) is observed too.
     """
     owner, raw = _raw_attribute(cls, "parse_generations")
-    if owner is None or is_ours_within(raw):  # wrapped twice, each response would be observed twice
+    # is_ours, not is_ours_within: a pipeline's parser made with functools.wraps around ours may
+    # never call it. Wrapped again where it does, a response is still filed once (Probe.observe).
+    if owner is None or is_ours(raw):
         return owner is not None
     replacement = _observing(raw)
     if replacement is None:
@@ -372,10 +374,6 @@ def _registering_generate_until(original: Callable, api_models: Any = None) -> C
             return original(self, requests, *args, **kwargs)
 
     return mark(generate_until, original)
-
-
-def is_installed(api_models: Any) -> bool:
-    return is_ours_within(api_models.TemplateAPI.__dict__.get("amodel_call"))
 
 
 _PATCHED = ("generate_until", "amodel_call", "model_call")
@@ -406,7 +404,6 @@ INTEGRATION = Integration(
     waits_for="lm_eval.models.api_models",
     install=install_api,
     uninstall=uninstall_api,
-    is_installed=is_installed,
     tested=LM_EVAL,
     unprobed="lm-eval's API models",
 )

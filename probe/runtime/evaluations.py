@@ -30,7 +30,7 @@ from probe.runtime import state
 from probe.runtime.contract import EVIDENCE_KEY, Settings, read_settings
 from probe.runtime.integration import Integration
 from probe.runtime.log import say, say_once
-from probe.runtime.patching import is_ours_within, mark, restore_where, wrap
+from probe.runtime.patching import mark, restore_where, wrap
 from probe.runtime.versions import LM_EVAL
 
 
@@ -92,15 +92,10 @@ def uninstall_evaluations(evaluator: Any) -> None:
     restore_where(lambda owner, name: owner is evaluator and name in _ENTRIES)
 
 
-def is_installed(evaluator: Any) -> bool:
-    return is_ours_within(evaluator.__dict__.get("simple_evaluate"))
-
-
 INTEGRATION = Integration(
     waits_for="lm_eval.evaluator",
     install=install_evaluations,
     uninstall=uninstall_evaluations,
-    is_installed=is_installed,
     tested=LM_EVAL,
     unprobed="every evaluation of this process shares one scope",
 )

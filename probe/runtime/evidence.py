@@ -65,7 +65,15 @@ def describe_choices(response: Any, max_tokens: int | None, fewest: int | None =
     choice without a finish reason says nothing, and a ``length`` is filed as ``length``).
     ``fewest``: the smaller of two budgets the server may use (None: ``max_tokens``): a
     ``length`` that reaches it is the cap's, while a stop is at the cap only at ``max_tokens``.
+    An SGLang-native response (``/generate``, lm-eval's sglang-generate) is read as the
+    OpenAI-style one it stands for (``_openai_shaped``).
     """
+    if _is_sglang_native(response):
+        return [
+            Choice(position, found.label, found.cause, found.empty)
+            for position, output in enumerate(response if isinstance(response, list) else [response])
+            for found in describe_choices(_openai_shaped(output), max_tokens, fewest)
+        ]
     if not isinstance(response, Mapping):
         return []
     choices = response.get("choices")
@@ -90,6 +98,25 @@ def describe_choices(response: Any, max_tokens: int | None, fewest: int | None =
         cause = _cause(label, own_tokens, max_tokens, answer, reasoning, fewest)
         found.append(Choice(index, label, cause, not answer.strip()))
     return found
+
+
+def _is_sglang_native(response: Any) -> bool:
+    """An SGLang ``/generate`` answer: one output, or a list of them (one per prompt), each
+    holding its text and a ``meta_info``."""
+    outputs = response if isinstance(response, list) and response else [response]
+    return all(isinstance(output, Mapping) and "meta_info" in output for output in outputs)
+
+
+def _openai_shaped(output: Mapping[str, Any]) -> dict[str, Any]:
+    """One SGLang output as a one-choice completions response: ``meta_info.finish_reason``
+    ({"type": "stop" | "length" | "abort", ...}) is its finish reason, and its own
+    ``completion_tokens`` its usage."""
+    meta = output.get("meta_info")
+    meta = meta if isinstance(meta, Mapping) else {}
+    reason = meta.get("finish_reason")
+    reason = reason.get("type") if isinstance(reason, Mapping) else reason
+    choice = {"index": 0, "text": output.get("text"), "finish_reason": reason}
+    return {"choices": [choice], "usage": {"completion_tokens": meta.get("completion_tokens")}}
 
 
 def classify_response(response: Any, max_tokens: int | None) -> list[str]:

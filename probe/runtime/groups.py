@@ -47,6 +47,10 @@ class Group:
         }
 
 
+# Where a request's budget comes from (``Request.budget_source``).
+GIVEN, PREDICTED, READ, UNREADABLE = "given", "predicted", "read", "unreadable"
+
+
 @dataclass
 class Request:
     """One generate request seen by the probe: what it needs, never the shared model object."""
@@ -67,9 +71,11 @@ class Request:
     # different orders (a chat request's max_tokens and max_completion_tokens); None: max_tokens.
     fewest: int | None = None
     observed: bool = False
-    # Whether the payload it is sent with can be read (its builder is one the probe wraps); where
-    # not, its budget stays unknown whatever a wrapped builder it calls returns.
-    budget_readable: bool = True
+    # Where its budget comes from: GIVEN by the backend that made it; PREDICTED (lm-eval's own
+    # builder's) until the payload it is sent with is READ; UNREADABLE where that payload cannot be
+    # read (its builder is none the probe wraps), and then unknown whatever a wrapped builder it
+    # calls returns. A prediction still unread when its response comes is unknown too.
+    budget_source: str = GIVEN
     cancelled_by_probe: bool = False
     pending: int = 0  # its generations counted in its group's pending ones
     # What its response said, once observed (None: never observed); the gate learns from it.

@@ -354,10 +354,6 @@ def _blanking_postprocess(original: Callable) -> Callable:
     return mark(postprocess_generated_text, original)
 
 
-def is_installed(huggingface: Any) -> bool:
-    return is_ours_within(huggingface.HFLM.__dict__.get("_model_generate"))
-
-
 def install_hf(huggingface: Any) -> None:
     """Patch lm-eval's ``HFLM`` (idempotent).
 
@@ -365,7 +361,7 @@ def install_hf(huggingface: Any) -> None:
     """
     cls = huggingface.HFLM
     generate = cls.__dict__.get("_model_generate")
-    until = cls.__dict__.get("generate_until")
+    until = inspect.unwrap(cls.__dict__.get("generate_until"))  # lm-eval's own, under any wrapper of it
     if not (
         inspect.isfunction(generate)
         and list(inspect.signature(generate).parameters) == MODEL_GENERATE_PARAMETERS
@@ -398,7 +394,6 @@ INTEGRATION = Integration(
     waits_for="lm_eval.models.huggingface",
     install=install_hf,
     uninstall=uninstall_hf,
-    is_installed=is_installed,
     tested=LM_EVAL,
     unprobed="lm-eval's Hugging Face backend",
 )

@@ -34,8 +34,9 @@ def install_integration(integration: Integration, module: Any = None) -> bool:
             return False
         if module is None:
             module = importlib.import_module(integration.waits_for)
-        if not integration.is_installed(module):
-            integration.install(module)
+        # Always: each hook is put in place where it is missing, so one that a pipeline's wrapper
+        # kept through an uninstall never stands for the others (install is idempotent per hook).
+        integration.install(module)
         return True
     except Exception as error:
         say(f"could not install on {integration.waits_for} ({error!r}); {integration.unprobed} run(s) unprobed")

@@ -16,9 +16,10 @@ class Integration:
     """One module of the host program the probe hooks into, and how."""
 
     waits_for: str  # the module's name: the start-up stub installs right after it is imported
-    install: Callable[[Any], None]  # patch the module (idempotent); raise, having patched nothing, to refuse
+    # Patch the module: each hook where it is missing, so that it completes a partial install;
+    # raise, having patched nothing, to refuse.
+    install: Callable[[Any], None]
     uninstall: Callable[[Any], None]  # restore every original ``install`` replaced
-    is_installed: Callable[[Any], bool]
     tested: Tested  # the releases of the module's program the suite runs against
     unprobed: str  # what runs unprobed when installing fails, in words ("lm-eval's vLLM backend")
     # False for a module that also runs where lm-eval's evaluation does not (a vLLM replica):

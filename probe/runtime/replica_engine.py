@@ -28,7 +28,7 @@ from probe.runtime.answers import blanks
 from probe.runtime.groups import Group, Request
 from probe.runtime.integration import Integration
 from probe.runtime.log import ErrorReports, say_once
-from probe.runtime.patching import is_ours_within, mark, restore_where, wrap
+from probe.runtime.patching import mark, restore_where, wrap
 from probe.runtime.replicas import POLL_S, REPLICA_FILE, TAG, TRIPPED
 from probe.runtime.versions import VLLM
 
@@ -175,10 +175,6 @@ def _watched(
     return call.answers(list(outputs))
 
 
-def is_installed(llm_module: Any) -> bool:
-    return is_ours_within(llm_module.LLM.__dict__.get("generate"))
-
-
 def install_replica(llm_module: Any) -> None:
     """Wrap vLLM's ``LLM.generate`` (idempotent). Raises LookupError, having patched nothing,
     when vLLM's module has no such method."""
@@ -195,7 +191,6 @@ INTEGRATION = Integration(
     waits_for="vllm.entrypoints.llm",
     install=install_replica,
     uninstall=uninstall_replica,
-    is_installed=is_installed,
     tested=VLLM,
     unprobed="the replicas of lm-eval's data-parallel vLLM backend",
     in_lm_eval=False,

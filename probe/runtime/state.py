@@ -32,7 +32,7 @@ from probe.runtime.contract import (
 from probe.runtime.degeneration import LoopDetector
 from probe.runtime.evidence import describe_choices
 from probe.runtime.gate import Gates
-from probe.runtime.groups import Group, Groups, Request, group_key
+from probe.runtime.groups import GIVEN, PREDICTED, READ, UNREADABLE, Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
 from probe.runtime.ownership import SidecarOwnership
 from probe.runtime.sidecar import TripContext, public_url, trip_document
@@ -89,11 +89,13 @@ class Probe:
         max_tokens: Any,
         backend: str = "api",
         tasks: list[str | None] | None = None,
+        budget_source: str = GIVEN,
     ) -> Request:
         """One generate request for ``prompts`` (as lm-eval passes them), in its group, made by
         ``backend`` for the model ``lm`` (only its name and address are kept); each prompt's
         task is taken from the task book when needed, unless the backend knows ``tasks``.
-        ``max_tokens``: its budget, or a tuple of the budgets the server may use (it names two)."""
+        ``max_tokens``: its budget, or a tuple of the budgets the server may use (it names two),
+        as ``budget_source`` says (``Request.budget_source``)."""
         with self.lock:
             group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
@@ -101,17 +103,31 @@ class Probe:
         model = getattr(lm, "model", None)
         return Request(
             group, list(prompts), largest, is_evidence, model if isinstance(model, str) else None,
-            public_url(getattr(lm, "base_url", None)), backend, tasks, fewest,
+            public_url(getattr(lm, "base_url", None)), backend, tasks, fewest, budget_source=budget_source,
         )  # fmt: skip
 
     def budget_sent(self, request: Request, max_tokens: Any) -> None:
         """The budget ``request`` is sent with, read off its payload as it was built: it replaces
         the one the request was made with (a prediction), unless it was observed already or its
-        budget cannot be read (``Request.budget_readable``)."""
+        budget cannot be read (``Request.budget_source``)."""
         largest, fewest, is_evidence = self._judged(max_tokens)
         with self.lock:
-            if not request.observed and request.budget_readable:
+            if not request.observed and request.budget_source != UNREADABLE:
                 request.max_tokens, request.fewest, request.is_evidence = largest, fewest, is_evidence
+                request.budget_source = READ
+
+    def _unread(self, request: Request) -> None:
+        """``request``'s payload was never read by the time its response came (the builder lm-eval
+        called reached no wrapper of the probe's: one patched on meanwhile, or an ``amodel_call``
+        that builds its own): what it was sent with is unknown, never the prediction. Said once."""
+        with self.lock:
+            request.max_tokens, request.fewest, request.is_evidence = None, None, False
+        self.errors.once(
+            "unread payload",
+            "a request's payload was built by no payload builder the probe reads (one replaced while the run "
+            "went on?): the budget it was sent with is unknown, so the trip rule does not judge it (it is counted "
+            "in the evidence as unknown_budget)",
+        )
 
     def _judged(self, max_tokens: Any) -> tuple[int | None, int | None, bool]:
         """A budget (or a tuple of the budgets the server may use) as the rule takes it: the
@@ -247,7 +263,15 @@ class Probe:
     def _record(self, request: Request, response: Any) -> None:
         if request.observed:
             return
+        if request.budget_source == PREDICTED:
+            self._unread(request)
         choices = describe_choices(response, request.max_tokens, request.fewest)
+        if not choices and response is not None:
+            self.errors.once(
+                "unreadable response",
+                "a response held no generation the probe can read (neither OpenAI's choices nor SGLang's meta_info, "
+                "or a finish reason that is no string): such generations are counted as asked for, never judged",
+            )
         group = request.group
         with self.lock:
             if request.observed:  # observed meanwhile by another thread

@@ -473,10 +473,6 @@ def _keeping_made_up_answers(original: Callable) -> Callable:
     return mark(postprocess_generated_text, original)
 
 
-def is_installed(vllm_causallms: Any) -> bool:
-    return is_ours_within(vllm_causallms.VLLM.__dict__.get("_model_generate"))
-
-
 def install_vllm(vllm_causallms: Any) -> None:
     """Patch lm-eval's ``VLLM`` backend (idempotent); its engine is hooked at first use.
 
@@ -511,7 +507,6 @@ INTEGRATION = Integration(
     waits_for="lm_eval.models.vllm_causallms",
     install=install_vllm,
     uninstall=uninstall_vllm,
-    is_installed=is_installed,
     tested=LM_EVAL,
     unprobed="lm-eval's vLLM backend",
 )
