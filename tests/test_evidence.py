@@ -238,3 +238,28 @@ def test_untested_lm_eval_releases_are_warned_about(found: str, warned: bool) ->
     assert (warning is not None) is warned
     if warned:
         assert found in warning and "the releases 0.4.9.2 to 0.4.13" in warning and "(b315ef3)" in warning
+
+
+def _sglang(reason: object, tokens: object = 2048, text: str = " and") -> dict:
+    return {"text": text, "meta_info": {"finish_reason": reason, "completion_tokens": tokens}}
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [(_sglang({"type": "length", "length": 2048}), [(0, "length", contract.OUTPUT_CAP)]),
+     (_sglang({"type": "stop", "matched": 2}, 3, " 4"), [(0, "stop", None)]),
+     (_sglang({"type": "abort", "message": "x"}, 5), [(0, "abort", contract.ABORTED)]),
+     (_sglang({"type": "length"}, 100), [(0, "length", contract.CONTEXT_WINDOW)]),
+     ([_sglang({"type": "stop"}, 3), _sglang({"type": "length"})], [(0, "stop", None), (1, "length", "output_cap")]),
+     ([{"text": "no meta_info"}, _sglang({"type": "length"})], [(1, "length", contract.OUTPUT_CAP)]),
+     ([_sglang({"type": "length"}), "not an output"], [(0, "length", contract.OUTPUT_CAP)]),
+     # OpenAI's choices are read whatever a proxy adds beside them (a meta_info once hid them).
+     ({"choices": [{"index": 0, "text": "x", "finish_reason": "length"}], "usage": {"completion_tokens": 2048},
+       "meta_info": {}}, [(0, "length", contract.OUTPUT_CAP)]),
+     ({"error": {"message": "busy"}}, []), ([], [])],
+    ids=["length", "stop", "abort", "window", "batch", "one-without-meta", "one-not-a-dict", "openai-with-meta",
+         "error", "empty-list"],
+)  # fmt: skip
+def test_sglang_native_outputs_are_read_each_by_its_meta_info(response: object, expected: list) -> None:
+    found = evidence.describe_choices(response, 2048)
+    assert [(c.index, c.label, c.cause) for c in found] == expected

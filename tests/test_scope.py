@@ -243,6 +243,36 @@ def test_a_reinstall_puts_back_every_hook_a_pipelines_wrapper_did_not_keep(integ
         install.uninstall()
 
 
+def test_a_reinstall_that_fails_half_way_undoes_only_its_own_work(result_dir, capsys) -> None:
+    """An install refused after it patched something (as HF's checks refuse a pipeline's plain
+    wrapper) undoes that, never the working install an earlier call made."""
+    import dataclasses
+
+    from lm_eval.models import api_models
+
+    from probe.runtime import install
+    from probe.runtime.integrations import integration_for
+    from probe.runtime.patching import is_ours, mark, wrap
+
+    integration = integration_for("lm_eval.models.api_models")
+    template = api_models.TemplateAPI
+    own = template.__dict__["tok_encode"]
+
+    def refuses(module: Any) -> None:
+        wrap(module.TemplateAPI, "tok_encode", lambda original: mark(lambda *a, **k: original(*a, **k), original))
+        raise LookupError("not as this probe knows it")
+
+    try:
+        assert install.install_integration(integration, api_models)
+        assert not install.install_integration(dataclasses.replace(integration, install=refuses), api_models)
+        assert all(is_ours(template.__dict__[name]) for name in ("generate_until", "amodel_call", "model_call"))
+        assert template.__dict__["tok_encode"] is own  # its own half-way work undone
+        assert "run(s) unprobed, but for the hooks an earlier install put in place" in capsys.readouterr().err
+    finally:
+        install.uninstall()
+        template.tok_encode = own
+
+
 @pytest.mark.entry
 def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir) -> None:
     """The scopes themselves: a new evaluation owns new groups, lock, gates, sidecar and run id."""

@@ -72,6 +72,7 @@ def describe_choices(response: Any, max_tokens: int | None, fewest: int | None =
         return [
             Choice(position, found.label, found.cause, found.empty)
             for position, output in enumerate(response if isinstance(response, list) else [response])
+            if isinstance(output, Mapping)
             for found in describe_choices(_openai_shaped(output), max_tokens, fewest)
         ]
     if not isinstance(response, Mapping):
@@ -101,10 +102,11 @@ def describe_choices(response: Any, max_tokens: int | None, fewest: int | None =
 
 
 def _is_sglang_native(response: Any) -> bool:
-    """An SGLang ``/generate`` answer: one output, or a list of them (one per prompt), each
-    holding its text and a ``meta_info``."""
-    outputs = response if isinstance(response, list) and response else [response]
-    return all(isinstance(output, Mapping) and "meta_info" in output for output in outputs)
+    """An SGLang ``/generate`` answer: one output, or a list of them (one per prompt), holding
+    its text and a ``meta_info`` and no OpenAI ``choices`` (a response with choices is read by
+    them, whatever else a proxy added). In a list, an output without one is read as nothing."""
+    outputs = response if isinstance(response, list) else [response]
+    return any(isinstance(output, Mapping) and "meta_info" in output and "choices" not in output for output in outputs)
 
 
 def _openai_shaped(output: Mapping[str, Any]) -> dict[str, Any]:

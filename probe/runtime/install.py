@@ -19,7 +19,7 @@ from probe.runtime.contract import read_settings
 from probe.runtime.integration import Integration
 from probe.runtime.integrations import integration_for
 from probe.runtime.log import forget_said, say, say_once
-from probe.runtime.patching import restore_all
+from probe.runtime.patching import hooks_in, replaced_so_far, restore_all, restore_since
 from probe.runtime.report import write_report_at_exit
 from probe.runtime.results import carry_evidence
 from probe.runtime.versions import lm_eval_version
@@ -28,7 +28,10 @@ from probe.runtime.versions import lm_eval_version
 def install_integration(integration: Integration, module: Any = None) -> bool:
     """Activate the probe and install ``integration`` on its module (imported by name when
     not given); True when it is probed afterwards. A failure is reported once and leaves the
-    other integrations as they are: only this one's part runs unprobed."""
+    other integrations as they are: only this one's part runs unprobed. A failure undoes what
+    this call put in place, never what an earlier install did (a reinstall under a pipeline's
+    wrapper that this one's checks refuse leaves the working install as it was)."""
+    mark = replaced_so_far()
     try:
         if not (_activate(integration) if integration.in_lm_eval else read_settings()[0].enabled):
             return False
@@ -39,12 +42,15 @@ def install_integration(integration: Integration, module: Any = None) -> bool:
         integration.install(module)
         return True
     except Exception as error:
-        say(f"could not install on {integration.waits_for} ({error!r}); {integration.unprobed} run(s) unprobed")
-        if module is not None:
-            try:
-                integration.uninstall(module)
-            except Exception as undo:
-                say(f"could not undo the partial install on {integration.waits_for}: {undo!r}")
+        try:
+            restore_since(mark)
+        except Exception as undo:
+            say(f"could not undo the partial install on {integration.waits_for}: {undo!r}")
+        earlier = module is not None and hooks_in(module)
+        say(
+            f"could not install on {integration.waits_for} ({error!r}); {integration.unprobed} run(s) unprobed"
+            + (", but for the hooks an earlier install put in place" if earlier else "")
+        )
         return False
 
 

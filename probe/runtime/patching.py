@@ -64,6 +64,26 @@ def wrap(owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
         replace(owner, name, make(raw))
 
 
+def replaced_so_far() -> int:
+    """How many replacements are in place: a mark for :func:`restore_since`."""
+    return len(_ORIGINALS)
+
+
+def restore_since(mark: int) -> None:
+    """Restore, newest first, what was replaced after ``mark`` (``replaced_so_far``): an install
+    that failed half-way undoes its own work, never an earlier install's."""
+    for entry in reversed(_ORIGINALS[mark:]):
+        owner, name, original = entry
+        _ORIGINALS.remove(entry)
+        if is_ours(owner.__dict__.get(name)):
+            setattr(owner, name, original)
+
+
+def hooks_in(module: Any) -> bool:
+    """Whether anything of ``module`` (itself, or a class defined in it) is replaced now."""
+    return any(owner is module or getattr(owner, "__module__", None) == module.__name__ for owner, _, _ in _ORIGINALS)
+
+
 def restore_all() -> None:
     """Restore every original that is still replaced by our wrapper, newest first."""
     restore_where(lambda owner, name: True)

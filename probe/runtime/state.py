@@ -269,8 +269,8 @@ class Probe:
         if not choices and response is not None:
             self.errors.once(
                 "unreadable response",
-                "a response held no generation the probe can read (neither OpenAI's choices nor SGLang's meta_info, "
-                "or a finish reason that is no string): such generations are counted as asked for, never judged",
+                "a response held no generation the probe can read (no choice, OpenAI's or SGLang's, with a finish "
+                "reason it reads): such generations are counted as asked for, never judged",
             )
         group = request.group
         with self.lock:
