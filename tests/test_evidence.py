@@ -256,9 +256,12 @@ def _sglang(reason: object, tokens: object = 2048, text: str = " and") -> dict:
      # OpenAI's choices are read whatever a proxy adds beside them (a meta_info once hid them).
      ({"choices": [{"index": 0, "text": "x", "finish_reason": "length"}], "usage": {"completion_tokens": 2048},
        "meta_info": {}}, [(0, "length", contract.OUTPUT_CAP)]),
+     # ... and a null or empty choices beside an SGLang output is no OpenAI answer.
+     ({**_sglang({"type": "length"}), "choices": None}, [(0, "length", contract.OUTPUT_CAP)]),
+     ({**_sglang({"type": "length"}), "choices": []}, [(0, "length", contract.OUTPUT_CAP)]),
      ({"error": {"message": "busy"}}, []), ([], [])],
     ids=["length", "stop", "abort", "window", "batch", "one-without-meta", "one-not-a-dict", "openai-with-meta",
-         "error", "empty-list"],
+         "sglang-null-choices", "sglang-empty-choices", "error", "empty-list"],
 )  # fmt: skip
 def test_sglang_native_outputs_are_read_each_by_its_meta_info(response: object, expected: list) -> None:
     found = evidence.describe_choices(response, 2048)

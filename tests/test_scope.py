@@ -245,9 +245,11 @@ def test_a_reinstall_puts_back_every_hook_a_pipelines_wrapper_did_not_keep(integ
 
 def test_a_reinstall_that_fails_half_way_undoes_only_its_own_work(result_dir, capsys) -> None:
     """An install refused after it patched something (as HF's checks refuse a pipeline's plain
-    wrapper) undoes that, never the working install an earlier call made."""
+    wrapper) undoes that, never the working install an earlier call made, nor one made meanwhile
+    (here the evaluator's, from inside the failing call; another thread's is the same case)."""
     import dataclasses
 
+    from lm_eval import evaluator
     from lm_eval.models import api_models
 
     from probe.runtime import install
@@ -260,6 +262,7 @@ def test_a_reinstall_that_fails_half_way_undoes_only_its_own_work(result_dir, ca
 
     def refuses(module: Any) -> None:
         wrap(module.TemplateAPI, "tok_encode", lambda original: mark(lambda *a, **k: original(*a, **k), original))
+        assert install.install_integration(integration_for("lm_eval.evaluator"), evaluator)
         raise LookupError("not as this probe knows it")
 
     try:
@@ -267,6 +270,7 @@ def test_a_reinstall_that_fails_half_way_undoes_only_its_own_work(result_dir, ca
         assert not install.install_integration(dataclasses.replace(integration, install=refuses), api_models)
         assert all(is_ours(template.__dict__[name]) for name in ("generate_until", "amodel_call", "model_call"))
         assert template.__dict__["tok_encode"] is own  # its own half-way work undone
+        assert is_ours(vars(evaluator)["simple_evaluate"]) and is_ours(vars(evaluator)["evaluate"])
         assert "run(s) unprobed, but for the hooks an earlier install put in place" in capsys.readouterr().err
     finally:
         install.uninstall()

@@ -103,10 +103,16 @@ def describe_choices(response: Any, max_tokens: int | None, fewest: int | None =
 
 def _is_sglang_native(response: Any) -> bool:
     """An SGLang ``/generate`` answer: one output, or a list of them (one per prompt), holding
-    its text and a ``meta_info`` and no OpenAI ``choices`` (a response with choices is read by
-    them, whatever else a proxy added). In a list, an output without one is read as nothing."""
+    its text and a ``meta_info`` and no OpenAI choices (a response with a list of choices is read
+    by them, whatever else a proxy added; a null or empty one is no OpenAI answer). In a list, an
+    output without a meta_info is read as nothing."""
     outputs = response if isinstance(response, list) else [response]
-    return any(isinstance(output, Mapping) and "meta_info" in output and "choices" not in output for output in outputs)
+    return any(
+        isinstance(output, Mapping)
+        and "meta_info" in output
+        and not (isinstance(output.get("choices"), list) and output["choices"])
+        for output in outputs
+    )
 
 
 def _openai_shaped(output: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from probe.runtime.contract import read_settings
 from probe.runtime.integration import Integration
 from probe.runtime.integrations import integration_for
 from probe.runtime.log import forget_said, say, say_once
-from probe.runtime.patching import hooks_in, replaced_so_far, restore_all, restore_since
+from probe.runtime.patching import hooks_in, own_replacements, restore_all, restore_own
 from probe.runtime.report import write_report_at_exit
 from probe.runtime.results import carry_evidence
 from probe.runtime.versions import lm_eval_version
@@ -31,7 +31,11 @@ def install_integration(integration: Integration, module: Any = None) -> bool:
     other integrations as they are: only this one's part runs unprobed. A failure undoes what
     this call put in place, never what an earlier install did (a reinstall under a pipeline's
     wrapper that this one's checks refuse leaves the working install as it was)."""
-    mark = replaced_so_far()
+    with own_replacements() as made:
+        return _install(integration, module, made)
+
+
+def _install(integration: Integration, module: Any, made: list) -> bool:
     try:
         if not (_activate(integration) if integration.in_lm_eval else read_settings()[0].enabled):
             return False
@@ -43,7 +47,7 @@ def install_integration(integration: Integration, module: Any = None) -> bool:
         return True
     except Exception as error:
         try:
-            restore_since(mark)
+            restore_own(made)
         except Exception as undo:
             say(f"could not undo the partial install on {integration.waits_for}: {undo!r}")
         earlier = module is not None and hooks_in(module)

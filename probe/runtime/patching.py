@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from types import FunctionType
 from typing import Any
 
@@ -12,6 +14,8 @@ MARKER = "__lm_eval_probe__"
 _SELF = "__lm_eval_probe_self__"
 # (owner, attribute, original raw attribute), oldest first: undone newest first.
 _ORIGINALS: list[tuple[type, str, Any]] = []
+# The replacements the running ``own_replacements`` block of this thread made (None: none runs).
+_OWN = threading.local()
 
 
 def mark(function: Callable, original: Any) -> Callable:
@@ -53,7 +57,11 @@ def is_ours_within(raw: Any) -> bool:
 
 def replace(owner: type, name: str, replacement: Any) -> None:
     """Set ``owner.name`` to ``replacement``, remembering the raw original for :func:`restore_all`."""
-    _ORIGINALS.append((owner, name, owner.__dict__[name]))
+    entry = (owner, name, owner.__dict__[name])
+    _ORIGINALS.append(entry)
+    made = getattr(_OWN, "made", None)
+    if made is not None:
+        made.append(entry)
     setattr(owner, name, replacement)
 
 
@@ -64,19 +72,27 @@ def wrap(owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
         replace(owner, name, make(raw))
 
 
-def replaced_so_far() -> int:
-    """How many replacements are in place: a mark for :func:`restore_since`."""
-    return len(_ORIGINALS)
+@contextlib.contextmanager
+def own_replacements() -> Iterator[list[tuple[type, str, Any]]]:
+    """The replacements this thread makes inside the block, for :func:`restore_own`: an install
+    that fails half-way undoes its own work, never an earlier install's nor another thread's."""
+    made: list[tuple[type, str, Any]] = []
+    outer = getattr(_OWN, "made", None)
+    _OWN.made = made
+    try:
+        yield made
+    finally:
+        _OWN.made = outer
 
 
-def restore_since(mark: int) -> None:
-    """Restore, newest first, what was replaced after ``mark`` (``replaced_so_far``): an install
-    that failed half-way undoes its own work, never an earlier install's."""
-    for entry in reversed(_ORIGINALS[mark:]):
-        owner, name, original = entry
-        _ORIGINALS.remove(entry)
-        if is_ours(owner.__dict__.get(name)):
-            setattr(owner, name, original)
+def restore_own(made: list[tuple[type, str, Any]]) -> None:
+    """Restore, newest first, the replacements in ``made`` still in place (``own_replacements``)."""
+    for entry in reversed(made):
+        if any(kept is entry for kept in _ORIGINALS):
+            _ORIGINALS[:] = [kept for kept in _ORIGINALS if kept is not entry]
+            owner, name, original = entry
+            if is_ours(owner.__dict__.get(name)):
+                setattr(owner, name, original)
 
 
 def hooks_in(module: Any) -> bool:
