@@ -195,13 +195,16 @@ def summary(
         v = sidecar.trip
         cut = sidecar.final.get("short_circuited_requests") if sidecar.final else "?"
         what, advice = cause_words(v.get("cause"))
+        also = _trips_elsewhere(report, sidecar.path)
         return (
             f"summary: TRIPPED ({v['pathology']}): {v['pathological']}/{v['observations']} generations {what} "
             f"(max_tokens {v['max_tokens'] or 'not recorded'}); {cut} requests short-circuited; "
             f"what to change: {advice}. "
             f"Sidecar: {sidecar.path}. "
+            + (f"Tripped too, its trip record elsewhere: {'; '.join(also)}. " if also else "")
             + (f"Then {signalled}. " if signalled else "")
             + f"Next: eval-probe read {result_dir}"
+            + "".join(f"; eval-probe read {Path(path).parent}" for path in also)
             + (f"; still running then: {still_running} process(es) it started (listed above)" if still_running else "")
         )
     if still_running:
@@ -236,7 +239,7 @@ def summary(
         )
     tripped = [e for e in evaluations if e.get("tripped") is True]
     if tripped:  # its command gave lm-eval a results directory of its own (RESULT_DIR, --output_path)
-        where = sorted({str(e["sidecar"]) for e in tripped if e.get("sidecar")})
+        where = _trips_elsewhere(report, None)
         return (
             f"summary: TRIPPED in {len(tripped)} of {len(evaluations)} evaluation(s), whose trip record is not in "
             f"{result_dir}: "
@@ -254,6 +257,13 @@ def summary(
         f"in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
         + (f"; then {signalled}" if signalled else "")
     )
+
+
+def _trips_elsewhere(report: Path, here: str | Path | None) -> list[str]:
+    """The trip records the report names for its evaluations that tripped, but the one at ``here``."""
+    skip = os.path.realpath(here) if here is not None else None
+    named = {str(e["sidecar"]) for e in read_report(str(report)) if e.get("tripped") is True and e.get("sidecar")}
+    return sorted(path for path in named if os.path.realpath(path) != skip)
 
 
 def _signal_name(number: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -209,6 +210,22 @@ def test_a_trip_whose_record_the_command_put_elsewhere_is_still_a_trip(sim, loca
     assert "did not trip" not in line
     assert "summary: TRIPPED in 1 of 1 evaluation(s), whose trip record is not in " in line, line
     assert f": {sidecar}. Next: eval-probe read {elsewhere}" in line, line
+
+
+def test_a_second_trip_whose_record_is_elsewhere_is_named_beside_the_first(sim, local_task, tmp_path: Path) -> None:
+    """Two evaluations trip, one into the run's results directory, one into a RESULT_DIR of its own:
+    the summary names both trip records, and where to read each."""
+    server = sim("never_stop")
+    output, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    first, second = (local_task.lm_eval_command(server.base_url, "sim", at, 2048, 16) for at in (elsewhere, output))
+    both = f"{shlex.join(['env', f'RESULT_DIR={elsewhere}', *first])} && {shlex.join(second)}"
+    command = [PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", "bash", "-c", both]
+    run = subprocess.run(command, env=offline_env(None), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stderr.splitlines() if "summary:" in line]
+    assert "summary: TRIPPED (non_terminating)" in line and f"Sidecar: {output / contract.SIDECAR_NAME}" in line, line
+    assert f"Tripped too, its trip record elsewhere: {elsewhere / contract.SIDECAR_NAME}" in line, line
+    assert line.endswith(f"Next: eval-probe read {output}; eval-probe read {elsewhere}"), line
 
 
 def test_run_passes_the_exit_code_through_and_removes_an_empty_results_directory(tmp_path: Path) -> None:

@@ -388,3 +388,27 @@ def test_requests_whose_text_nothing_reads_are_not_streamed(sim, result_dir, mon
     with probe_installed():
         generate(completions(server.base_url, num_concurrent=4), 8, gen_kwargs)
     assert server.snapshot()["streamed"] == 0 and server.snapshot()["generate_requests"] == 8
+
+
+def test_a_flag_under_a_budget_never_read_does_not_count(sim, result_dir, monkeypatch, capsys) -> None:
+    """A builder swapped in (calling lm-eval's own, lowering the budget to 512) while requests wait
+    at the gate: theirs is never read, so their streamed loops are flagged for no rule (the
+    prediction, 2048, once counted them and tripped a run whose requests went out at 512)."""
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    monkeypatch.setenv(ENV_STREAM, "on")
+    monkeypatch.setattr(LocalCompletionsAPI, "_create_payload", LocalCompletionsAPI._create_payload)
+    plain = LocalCompletionsAPI._create_payload
+
+    def first(self: Any, *args: Any, **kwargs: Any) -> dict:
+        LocalCompletionsAPI._create_payload = lambda me, *a, **k: {**plain(me, *a, **k), "max_tokens": 512}
+        return plain(self, *args, **kwargs)
+
+    LocalCompletionsAPI._create_payload = first
+    server = sim("loop_short", seconds_per_token=0.0002)
+    with probe_installed() as probe:
+        answers = generate(completions(server.base_url, num_concurrent=8), 40, {**GEN_KWARGS, "max_tokens": 2048})
+        figures = probe.evidence_document()["unattributed"]  # lm-eval's requests, no task of theirs
+    assert "" not in answers and not (result_dir / contract.SIDECAR_NAME).exists()
+    assert figures["unknown_budget"] > 0 and figures["flagged"] == 0 and figures["cut_off"] == 40
+    assert capsys.readouterr().err.count("payload was built by no payload builder the probe reads") == 1

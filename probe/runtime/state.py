@@ -117,11 +117,12 @@ class Probe:
                 request.budget_source = READ
 
     def _unread(self, request: Request) -> None:
-        """``request``'s payload was never read by the time its response came (the builder lm-eval
+        """``request``'s payload was never read by the time its answer came (the builder lm-eval
         called reached no wrapper of the probe's: one patched on meanwhile, or an ``amodel_call``
         that builds its own): what it was sent with is unknown, never the prediction. Said once."""
         with self.lock:
             request.max_tokens, request.fewest, request.is_evidence = None, None, False
+            request.budget_source = UNREADABLE
         self.errors.once(
             "unread payload",
             "a request's payload was built by no payload builder the probe reads (one replaced while the run "
@@ -224,6 +225,8 @@ class Probe:
 
     def _partial(self, request: Request, index: int, text: str) -> None:
         settings = self.settings
+        if request.budget_source == PREDICTED:  # streaming, so built and sent: never read, unknown
+            self._unread(request)
         if not (settings.detector and request.is_evidence and isinstance(text, str) and text):
             return
         # A choice the request has: another index would count an observation of its own.
