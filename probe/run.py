@@ -260,10 +260,16 @@ def summary(
 
 
 def _trips_elsewhere(report: Path, here: str | Path | None) -> list[str]:
-    """The trip records the report names for its evaluations that tripped, but the one at ``here``."""
+    """The trip records the report names for its evaluations that tripped, each file once however
+    it is spelt, but the one at ``here``; a record that names no path (the report is a file any
+    process may write) is left out."""
+    found: dict[str, str] = {}
+    for evaluation in read_report(str(report)):
+        path = evaluation.get("sidecar")
+        if evaluation.get("tripped") is True and isinstance(path, str) and path and "\0" not in path:
+            found.setdefault(os.path.realpath(path), path)
     skip = os.path.realpath(here) if here is not None else None
-    named = {str(e["sidecar"]) for e in read_report(str(report)) if e.get("tripped") is True and e.get("sidecar")}
-    return sorted(path for path in named if os.path.realpath(path) != skip)
+    return sorted(path for real, path in found.items() if real != skip)
 
 
 def _signal_name(number: int) -> str:

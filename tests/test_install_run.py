@@ -228,6 +228,23 @@ def test_a_second_trip_whose_record_is_elsewhere_is_named_beside_the_first(sim, 
     assert line.endswith(f"Next: eval-probe read {output}; eval-probe read {elsewhere}"), line
 
 
+def test_the_summary_names_each_trip_record_once_and_only_paths(tmp_path: Path) -> None:
+    """The report is a file any process may write: a record named twice (once through a link), or
+    by no path (a number, a NUL), never crashes the summary nor is listed as a place to read."""
+    from probe.run import summary
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(elsewhere, target_is_directory=True)
+    named = [str(elsewhere / contract.SIDECAR_NAME), str(tmp_path / "link" / contract.SIDECAR_NAME), 7, "a\0b", ""]
+    report = tmp_path / "observed.json"
+    evaluations = [{"tripped": True, "sidecar": path, "groups": [], "tasks": {}} for path in named]
+    report.write_text(json.dumps({"schema_version": 1, "evaluations": evaluations}))
+    line = summary(tmp_path / "results", report)
+    assert line.startswith("summary: TRIPPED in 5 of 5 evaluation(s)"), line
+    assert line.count(contract.SIDECAR_NAME) == 1 and line.count("eval-probe read") == 1, line
+
+
 def test_run_passes_the_exit_code_through_and_removes_an_empty_results_directory(tmp_path: Path) -> None:
     run = eval_probe_run(tmp_path, PYTHON, "-c", "import sys, os; print(os.environ['RESULT_DIR']); sys.exit(3)")
     assert run.returncode == 3
