@@ -330,7 +330,9 @@ def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim
 
 
 def _never_stopping_run(sim, result_dir, mode: str) -> tuple[dict, dict]:
-    server = sim(mode, seconds_per_token=0.0002)  # 0.8 s for a generation of 4,096 tokens
+    # 4 s for a generation of 4,096 tokens: the detector flags within the first few hundred, and the
+    # trip ends the rest; at 0.8 s a saturated machine let a generation end before its flag was read.
+    server = sim(mode, seconds_per_token=0.001)
     with probe_installed() as probe:
         generate(completions(server.base_url, num_concurrent=16), 40, {**GEN_KWARGS, "max_tokens": 4096})
         probe.finalise()
