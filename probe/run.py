@@ -214,21 +214,13 @@ def summary(
             + f"; still running then: {still_running} process(es) it started (listed above): run eval-probe read "
             f"{result_dir} once they finish"
         )
-    unjudged = 0
-    try:
-        evaluations = read_report(str(report))
-        groups = [g for e in evaluations for g in e["groups"]]
-        seen = sum(g["observations"] for g in groups)
-        bad = sum(g["pathological"] for g in groups)
-        worst = max(((t, f["cut_off_rate"]) for e in evaluations for t, f in e["tasks"].items() if f["cut_off_rate"]),
-                    key=lambda found: found[1], default=None)  # fmt: skip
-        unjudged = sum(
-            f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0)
-            for e in evaluations
-            for f in e["tasks"].values()
+    evaluations = read_report(str(report))
+    if not evaluations and os.path.lexists(report):  # the probe writes one only with evaluations in it
+        return (
+            f"summary: not known: the probe's report {report} cannot be read as one it writes{other}"
+            + (f"; {signalled}" if signalled else "")
+            + f"; run eval-probe read {result_dir}"
         )
-    except (KeyError, TypeError, AttributeError):
-        evaluations = []
     if not evaluations:
         if signalled:
             # The probe reports when Python exits normally; a signal stops that, so nothing else is known.
@@ -249,14 +241,39 @@ def summary(
             + ". Next: "
             + ("; ".join(f"eval-probe read {Path(w).parent}" for w in where) or "eval-probe read its results directory")
         )
+    observed = _observed(evaluations)
+    if observed is None:
+        return (
+            f"summary: the probe did not trip, in {len(evaluations)} evaluation(s); what they observed cannot be "
+            f"told: the report {report} is not as the probe writes it{other}"
+            + (f"; then {signalled}" if signalled else "")
+        )
+    groups, seen, bad, worst, unjudged = observed
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
     if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
         highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"
     return (
         f"summary: the probe did not trip: {bad} of {seen} generations observed were cut off, "
-        f"in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
+        f"in {groups} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
         + (f"; then {signalled}" if signalled else "")
     )
+
+
+def _observed(evaluations: list[dict]) -> tuple[int, int, int, tuple[str, float] | None, int] | None:
+    """What the report's evaluations observed: their groups, generations observed and cut off, the
+    task most cut off (and its rate), and the generations the rule did not judge; None where the
+    report is not as the probe writes it (it is a file any process may write)."""
+    try:
+        groups = [g for e in evaluations for g in e["groups"]]
+        tasks = [(name, f) for e in evaluations for name, f in e["tasks"].items()]
+        rates = [(name, float(f["cut_off_rate"])) for name, f in tasks if f["cut_off_rate"]]
+        unjudged = sum(int(f.get("below_min_max_tokens", 0)) + int(f.get("unknown_budget", 0)) for _, f in tasks)
+        counts = (len(groups), int(sum(g["observations"] for g in groups)), int(sum(g["pathological"] for g in groups)))
+        if not all(name.isprintable() and 0 <= rate <= 1 for name, rate in rates):
+            return None
+        return (*counts, max(rates, key=lambda found: found[1], default=None), unjudged)
+    except Exception:
+        return None
 
 
 def _trips_elsewhere(report: Path, here: str | Path | None) -> list[str]:
@@ -266,9 +283,13 @@ def _trips_elsewhere(report: Path, here: str | Path | None) -> list[str]:
     found: dict[str, str] = {}
     for evaluation in read_report(str(report)):
         path = evaluation.get("sidecar")
-        if evaluation.get("tripped") is True and isinstance(path, str) and path and "\0" not in path:
-            found.setdefault(os.path.realpath(path), path)
-    skip = os.path.realpath(here) if here is not None else None
+        # Printed as it is: a path with a newline or an escape would forge the line.
+        if evaluation.get("tripped") is True and isinstance(path, str) and path.strip() and path.isprintable():
+            with contextlib.suppress(ValueError, OSError):  # a NUL, a lone surrogate
+                found.setdefault(os.path.realpath(path), path)
+    skip = None
+    with contextlib.suppress(ValueError, OSError):
+        skip = os.path.realpath(here) if here is not None else None
     return sorted(path for real, path in found.items() if real != skip)
 
 

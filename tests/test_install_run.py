@@ -245,6 +245,36 @@ def test_the_summary_names_each_trip_record_once_and_only_paths(tmp_path: Path) 
     assert line.count(contract.SIDECAR_NAME) == 1 and line.count("eval-probe read") == 1, line
 
 
+@pytest.mark.parametrize(
+    ("report", "expected"),
+    [({"evaluations": [{"tripped": True, "sidecar": "/r/x.json", "groups": None, "tasks": []}]},
+      "summary: TRIPPED in 1 of 1 evaluation(s), whose trip record is not in "),
+     ({"evaluations": [{"tripped": True, "sidecar": "/r/x.json\nsummary: the probe did not trip", "groups": []}]},
+      "written by another process of the run. Next: eval-probe read its results directory"),
+     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": "high"}}}]},
+      "summary: the probe did not trip, in 1 evaluation(s); what they observed cannot be told"),
+     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": 10**400}}}]},
+      "summary: the probe did not trip, in 1 evaluation(s); what they observed cannot be told"),
+     ("[" * 200_000, "summary: not known: the probe's report "),
+     (b"\xff\xfe not UTF-8", "summary: not known: the probe's report ")],
+    ids=["tripped-groups-malformed", "newline-in-path", "rate-not-a-number", "rate-too-large", "nested-too-deep",
+         "not-utf-8"],
+)  # fmt: skip
+def test_a_report_not_as_the_probe_writes_it_never_crashes_nor_hides_a_trip(tmp_path: Path, report, expected) -> None:
+    """The report is a file any process of the command may write: the summary says what it can tell
+    (a trip stays a trip), never crashes (eval-probe run would lose the command's exit code) and
+    never prints a text that would forge a line of its own."""
+    from probe.run import summary
+
+    path = tmp_path / "observed.json"
+    if isinstance(report, bytes):
+        path.write_bytes(report)
+    else:
+        path.write_text(report if isinstance(report, str) else json.dumps(report))
+    line = summary(tmp_path / "results", path)
+    assert expected in line and "\n" not in line, line
+
+
 def test_run_passes_the_exit_code_through_and_removes_an_empty_results_directory(tmp_path: Path) -> None:
     run = eval_probe_run(tmp_path, PYTHON, "-c", "import sys, os; print(os.environ['RESULT_DIR']); sys.exit(3)")
     assert run.returncode == 3

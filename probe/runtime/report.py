@@ -45,7 +45,7 @@ def read_report(path: str) -> list[dict[str, Any]]:
     """The evaluations a report lists, oldest first; [] when it is absent or not a report."""
     try:
         document = _read(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return []
     evaluations = document.get("evaluations") if isinstance(document, dict) else None
     return [e for e in evaluations if isinstance(e, dict)] if isinstance(evaluations, list) else []
