@@ -196,6 +196,7 @@ def test_run_never_reports_a_leftover_sidecar_as_this_runs_trip(sim, local_task,
     assert "the probe did not trip" in run.stderr and "most cut off: " in run.stderr
 
 
+@pytest.mark.release_independent  # eval-probe run's summary; lm-eval only makes the trips
 def test_a_trip_whose_record_the_command_put_elsewhere_is_still_a_trip(sim, local_task, tmp_path: Path) -> None:
     """A command that names its own RESULT_DIR puts the trip record there, not in the directory
     `eval-probe run` gave it: the summary says TRIPPED and where the record is, never 'did not trip'."""
@@ -212,6 +213,7 @@ def test_a_trip_whose_record_the_command_put_elsewhere_is_still_a_trip(sim, loca
     assert f": {sidecar}. Next: eval-probe read {elsewhere}" in line, line
 
 
+@pytest.mark.release_independent  # eval-probe run's summary; lm-eval only makes the trips
 def test_a_second_trip_whose_record_is_elsewhere_is_named_beside_the_first(sim, local_task, tmp_path: Path) -> None:
     """Two evaluations trip, one into the run's results directory, one into a RESULT_DIR of its own:
     the summary names both trip records, and where to read each."""
