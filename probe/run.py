@@ -21,6 +21,7 @@ from probe.reader.sidecar import read_sidecar
 from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS, cause_words
 from probe.runtime.log import PREFIX
 from probe.runtime.report import read_report
+from probe.runtime.sidecar import is_count
 
 # SIGQUIT too: Ctrl-\ at a terminal reaches only eval-probe (the command has a session of its own).
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -241,39 +242,55 @@ def summary(
             + ". Next: "
             + ("; ".join(f"eval-probe read {Path(w).parent}" for w in where) or "eval-probe read its results directory")
         )
-    observed = _observed(evaluations)
-    if observed is None:
+    if not _as_written(evaluations):
         return (
-            f"summary: the probe did not trip, in {len(evaluations)} evaluation(s); what they observed cannot be "
-            f"told: the report {report} is not as the probe writes it{other}"
-            + (f"; then {signalled}" if signalled else "")
+            f"summary: not known: no evaluation in the probe's report {report} says it tripped, but its figures are "
+            f"not as the probe writes them{other}"
+            + (f"; {signalled}" if signalled else "")
+            + f"; run eval-probe read {result_dir}"
         )
-    groups, seen, bad, worst, unjudged = observed
+    groups = [g for e in evaluations for g in e["groups"]]
+    tasks = [(name, figures) for e in evaluations for name, figures in e["tasks"].items()]
+    seen, bad = sum(g["observations"] for g in groups), sum(g["pathological"] for g in groups)
+    worst = max(((name, f["cut_off_rate"]) for name, f in tasks if f["cut_off_rate"]), key=lambda found: found[1],
+                default=None)  # fmt: skip
+    unjudged = sum(f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0) for _, f in tasks)
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
     if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
         highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"
     return (
         f"summary: the probe did not trip: {bad} of {seen} generations observed were cut off, "
-        f"in {groups} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
+        f"in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
         + (f"; then {signalled}" if signalled else "")
     )
 
 
-def _observed(evaluations: list[dict]) -> tuple[int, int, int, tuple[str, float] | None, int] | None:
-    """What the report's evaluations observed: their groups, generations observed and cut off, the
-    task most cut off (and its rate), and the generations the rule did not judge; None where the
-    report is not as the probe writes it (it is a file any process may write)."""
-    try:
-        groups = [g for e in evaluations for g in e["groups"]]
-        tasks = [(name, f) for e in evaluations for name, f in e["tasks"].items()]
-        rates = [(name, float(f["cut_off_rate"])) for name, f in tasks if f["cut_off_rate"]]
-        unjudged = sum(int(f.get("below_min_max_tokens", 0)) + int(f.get("unknown_budget", 0)) for _, f in tasks)
-        counts = (len(groups), int(sum(g["observations"] for g in groups)), int(sum(g["pathological"] for g in groups)))
-        if not all(name.isprintable() and 0 <= rate <= 1 for name, rate in rates):
-            return None
-        return (*counts, max(rates, key=lambda found: found[1], default=None), unjudged)
-    except Exception:
-        return None
+def _as_written(evaluations: list[dict]) -> bool:
+    """Whether the report's evaluations hold what the summary reads as the probe writes it
+    (``Probe.evidence_document``): each one's trip flag a boolean that its groups agree with, their
+    figures counts, each task's name printable and its cut-off rate a fraction. The report is a
+    file any process of the command may write."""
+    for evaluation in evaluations:
+        groups, tasks = evaluation.get("groups"), evaluation.get("tasks")
+        if type(evaluation.get("tripped")) is not bool or not isinstance(groups, list) or not isinstance(tasks, dict):
+            return False
+        if not all(
+            isinstance(g, dict) and type(g.get("tripped")) is bool and is_count(g.get("observations"))
+            and is_count(g.get("pathological")) for g in groups
+        ) or evaluation["tripped"] != any(g["tripped"] for g in groups):  # fmt: skip
+            return False
+        for name, figures in tasks.items():
+            rate = figures.get("cut_off_rate") if isinstance(figures, dict) else "none"
+            if not (
+                name.isprintable()
+                and isinstance(figures, dict)
+                and all(is_count(figures.get(key, 0)) for key in ("below_min_max_tokens", "unknown_budget"))
+                and (rate is None or (type(rate) in (int, float) and 0 <= rate <= 1))
+                and figures.get("tripped", False) in (False, evaluation["tripped"])
+                and type(figures.get("tripped", False)) is bool
+            ):
+                return False
+    return True
 
 
 def _trips_elsewhere(report: Path, here: str | Path | None) -> list[str]:

@@ -247,20 +247,32 @@ def test_the_summary_names_each_trip_record_once_and_only_paths(tmp_path: Path) 
     assert line.count(contract.SIDECAR_NAME) == 1 and line.count("eval-probe read") == 1, line
 
 
+NOT_AS_WRITTEN = "summary: not known: no evaluation in the probe's report "
+NOT_READ = "summary: not known: the probe's report "
+GROUP = {"tripped": False, "observations": 3, "pathological": 1}
+
+
 @pytest.mark.parametrize(
     ("report", "expected"),
     [({"evaluations": [{"tripped": True, "sidecar": "/r/x.json", "groups": None, "tasks": []}]},
       "summary: TRIPPED in 1 of 1 evaluation(s), whose trip record is not in "),
      ({"evaluations": [{"tripped": True, "sidecar": "/r/x.json\nsummary: the probe did not trip", "groups": []}]},
       "written by another process of the run. Next: eval-probe read its results directory"),
-     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": "high"}}}]},
-      "summary: the probe did not trip, in 1 evaluation(s); what they observed cannot be told"),
-     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": 10**400}}}]},
-      "summary: the probe did not trip, in 1 evaluation(s); what they observed cannot be told"),
-     ("[" * 200_000, "summary: not known: the probe's report "),
-     (b"\xff\xfe not UTF-8", "summary: not known: the probe's report ")],
-    ids=["tripped-groups-malformed", "newline-in-path", "rate-not-a-number", "rate-too-large", "nested-too-deep",
-         "not-utf-8"],
+     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": "high"}}}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": 10**400}}}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": False, "groups": [GROUP, {**GROUP, "observations": 10**4000}], "tasks": {}}]},
+      NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": False, "groups": [{**GROUP, "tripped": True}], "tasks": {}}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {"t": {"cut_off_rate": 0.1, "tripped": True}}}]},
+      NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": 1, "groups": [GROUP], "tasks": {}}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {"a\x1b[2Kb": {"cut_off_rate": 0.5}}}]},
+      NOT_AS_WRITTEN),
+     ('{"evaluations": [{"tripped": true, "tripped": false, "groups": [], "tasks": {}}]}', NOT_READ),
+     ("[" * 200_000, NOT_READ), (b"\xff\xfe not UTF-8", NOT_READ)],
+    ids=["tripped-groups-malformed", "newline-in-path", "rate-not-a-number", "rate-too-large", "count-too-large",
+         "group-tripped-evaluation-not", "task-tripped-evaluation-not", "tripped-not-a-boolean",
+         "escape-in-task-name", "key-twice", "nested-too-deep", "not-utf-8"],
 )  # fmt: skip
 def test_a_report_not_as_the_probe_writes_it_never_crashes_nor_hides_a_trip(tmp_path: Path, report, expected) -> None:
     """The report is a file any process of the command may write: the summary says what it can tell

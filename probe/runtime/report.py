@@ -18,7 +18,7 @@ from typing import Any
 
 from probe.runtime.contract import ENV_REPORT, PROBE_VERSION, SCHEMA_VERSION
 from probe.runtime.log import say
-from probe.runtime.sidecar import write_json_atomic
+from probe.runtime.sidecar import unique_keys, write_json_atomic
 
 
 def _open(path: str, flags: int) -> int:
@@ -31,21 +31,29 @@ def _open(path: str, flags: int) -> int:
     return fd
 
 
+# No command's evaluations come near this (each adds tens of kilobytes); past it the file is no
+# report the probe wrote, and is never loaded whole.
+MAX_REPORT_BYTES = 64 << 20
+
+
 def _read(path: str) -> Any:
-    """The JSON document at ``path``; None when absent; OSError or ValueError when unreadable."""
+    """The JSON document at ``path``; None when absent; OSError or ValueError when unreadable,
+    larger than MAX_REPORT_BYTES, or holding a key twice in one object (``unique_keys``)."""
     try:
         fd = _open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, encoding="utf-8") as handle:
-        return json.load(handle)
+        if os.fstat(handle.fileno()).st_size > MAX_REPORT_BYTES:
+            raise ValueError(f"{path} is larger than {MAX_REPORT_BYTES} bytes")
+        return json.load(handle, object_pairs_hook=unique_keys)
 
 
 def read_report(path: str) -> list[dict[str, Any]]:
     """The evaluations a report lists, oldest first; [] when it is absent or not a report."""
     try:
         document = _read(path)
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
+    except Exception:  # any file may sit there: OSError, ValueError, JSON nested too deep, a device's reads
         return []
     evaluations = document.get("evaluations") if isinstance(document, dict) else None
     return [e for e in evaluations if isinstance(e, dict)] if isinstance(evaluations, list) else []
