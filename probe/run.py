@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from probe import processgroup
 from probe.inject import sitecustomize_text
@@ -252,9 +253,10 @@ def summary(
     groups = [g for e in evaluations for g in e["groups"]]
     tasks = [(name, figures) for e in evaluations for name, figures in e["tasks"].items()]
     seen, bad = sum(g["observations"] for g in groups), sum(g["pathological"] for g in groups)
-    worst = max(((name, f["cut_off_rate"]) for name, f in tasks if f["cut_off_rate"]), key=lambda found: found[1],
+    worst = max(((name, f["cut_off_rate"]) for name, f in tasks if f.get("cut_off_rate")), key=lambda found: found[1],
                 default=None)  # fmt: skip
-    unjudged = sum(f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0) for _, f in tasks)
+    counted = [f for _, f in tasks] + [e["unattributed"] for e in evaluations if e.get("unattributed")]
+    unjudged = sum(f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0) for f in counted)
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
     if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
         highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"
@@ -267,30 +269,44 @@ def summary(
 
 def _as_written(evaluations: list[dict]) -> bool:
     """Whether the report's evaluations hold what the summary reads as the probe writes it
-    (``Probe.evidence_document``): each one's trip flag a boolean that its groups agree with, their
-    figures counts, each task's name printable and its cut-off rate a fraction. The report is a
-    file any process of the command may write."""
+    (``Probe.evidence_document``): each one's trip flag a boolean that its groups, tasks and
+    unattributed figures agree with (and a trip record named only where it tripped), their
+    figures counts no larger than what they are part of, each task's name printable and its
+    cut-off rate a fraction. The report is a file any process of the command may write."""
     for evaluation in evaluations:
-        groups, tasks = evaluation.get("groups"), evaluation.get("tasks")
-        if type(evaluation.get("tripped")) is not bool or not isinstance(groups, list) or not isinstance(tasks, dict):
+        groups, tasks, tripped = evaluation.get("groups"), evaluation.get("tasks"), evaluation.get("tripped")
+        unattributed = evaluation.get("unattributed")
+        if type(tripped) is not bool or not isinstance(groups, list) or not isinstance(tasks, dict):
             return False
         if not all(
             isinstance(g, dict) and type(g.get("tripped")) is bool and is_count(g.get("observations"))
-            and is_count(g.get("pathological")) for g in groups
-        ) or evaluation["tripped"] != any(g["tripped"] for g in groups):  # fmt: skip
+            and is_count(g.get("pathological")) and g["pathological"] <= g["observations"] for g in groups
+        ) or tripped != any(g["tripped"] for g in groups):  # fmt: skip
             return False
-        for name, figures in tasks.items():
-            rate = figures.get("cut_off_rate") if isinstance(figures, dict) else "none"
-            if not (
-                name.isprintable()
-                and isinstance(figures, dict)
-                and all(is_count(figures.get(key, 0)) for key in ("below_min_max_tokens", "unknown_budget"))
-                and (rate is None or (type(rate) in (int, float) and 0 <= rate <= 1))
-                and figures.get("tripped", False) in (False, evaluation["tripped"])
-                and type(figures.get("tripped", False)) is bool
-            ):
-                return False
+        if (evaluation.get("sidecar") is not None and not tripped) or not (
+            unattributed is None or _task_as_written(unattributed, tripped)
+        ):
+            return False
+        if not all(isinstance(name, str) and name.isprintable() and _task_as_written(figures, tripped)
+                   for name, figures in tasks.items()):  # fmt: skip
+            return False
     return True
+
+
+def _task_as_written(figures: Any, tripped: bool) -> bool:
+    """Whether one task's figures (or the unattributed ones) are as the probe writes them, in an
+    evaluation whose trip flag is ``tripped``."""
+    if not isinstance(figures, dict):
+        return False
+    rate, observed = figures.get("cut_off_rate"), figures.get("observations", 0)
+    parts = [figures.get(key, 0) for key in ("cut_off", "below_min_max_tokens", "unknown_budget")]
+    return (
+        is_count(observed)
+        and all(is_count(part) and part <= observed for part in parts)
+        and (rate is None or (type(rate) in (int, float) and 0 <= rate <= 1))
+        and type(figures.get("tripped", False)) is bool
+        and figures.get("tripped", False) in (False, tripped)
+    )
 
 
 def _trips_elsewhere(report: Path, here: str | Path | None) -> list[str]:

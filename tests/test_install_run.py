@@ -268,13 +268,27 @@ GROUP = {"tripped": False, "observations": 3, "pathological": 1}
      ({"evaluations": [{"tripped": 1, "groups": [GROUP], "tasks": {}}]}, NOT_AS_WRITTEN),
      ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {"a\x1b[2Kb": {"cut_off_rate": 0.5}}}]},
       NOT_AS_WRITTEN),
-     ('{"evaluations": [{"tripped": true, "tripped": false, "groups": [], "tasks": {}}]}', NOT_READ),
-     ("[" * 200_000, NOT_READ), (b"\xff\xfe not UTF-8", NOT_READ)],
+     ('{"schema_version": 1, "evaluations": [{"tripped": true, "tripped": false, "groups": [], "tasks": {}}]}',
+      NOT_READ),
+     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {}}, ["tripped", True]]}, NOT_READ),
+     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {}, "unattributed": {"tripped": True}}]},
+      NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": False, "groups": [{**GROUP, "pathological": 999}], "tasks": {}}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {"t": {"observations": 3, "cut_off": 9}}}]},
+      NOT_AS_WRITTEN),
+     ("[" * 200_000, NOT_READ), (b"\xff\xfe not UTF-8", NOT_READ),
+     # As the probe writes it: lm-eval's requests of no task it can tell count too.
+     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {}, "unattributed": {
+         "observations": 6, "cut_off": 6, "cut_off_rate": 1.0, "below_min_max_tokens": 6, "tripped": False}}]},
+      "the probe did not trip: 1 of 3 generations observed were cut off, in 1 group(s) of generation settings of "
+      "1 evaluation(s); 6 more observed under a budget the rule does not judge")],
     ids=["tripped-groups-malformed", "newline-in-path", "rate-not-a-number", "rate-too-large", "count-too-large",
          "group-tripped-evaluation-not", "task-tripped-evaluation-not", "tripped-not-a-boolean",
-         "escape-in-task-name", "key-twice", "nested-too-deep", "not-utf-8"],
+         "escape-in-task-name", "key-twice", "an-evaluation-not-an-object", "unattributed-tripped-evaluation-not",
+         "more-pathological-than-observed", "more-cut-off-than-observed", "nested-too-deep", "not-utf-8",
+         "unattributed-counted"],
 )  # fmt: skip
-def test_a_report_not_as_the_probe_writes_it_never_crashes_nor_hides_a_trip(tmp_path: Path, report, expected) -> None:
+def test_the_summary_reads_any_report_without_crashing_or_hiding_a_trip(tmp_path: Path, report, expected) -> None:
     """The report is a file any process of the command may write: the summary says what it can tell
     (a trip stays a trip), never crashes (eval-probe run would lose the command's exit code) and
     never prints a text that would forge a line of its own."""
@@ -284,7 +298,7 @@ def test_a_report_not_as_the_probe_writes_it_never_crashes_nor_hides_a_trip(tmp_
     if isinstance(report, bytes):
         path.write_bytes(report)
     else:
-        path.write_text(report if isinstance(report, str) else json.dumps(report))
+        path.write_text(report if isinstance(report, str) else json.dumps({"schema_version": 1, **report}))
     line = summary(tmp_path / "results", path)
     assert expected in line and "\n" not in line, line
 

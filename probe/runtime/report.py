@@ -55,8 +55,11 @@ def read_report(path: str) -> list[dict[str, Any]]:
         document = _read(path)
     except Exception:  # any file may sit there: OSError, ValueError, JSON nested too deep, a device's reads
         return []
-    evaluations = document.get("evaluations") if isinstance(document, dict) else None
-    return [e for e in evaluations if isinstance(e, dict)] if isinstance(evaluations, list) else []
+    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
+        return []
+    evaluations = document.get("evaluations")
+    # Each one an object, as the probe writes them: else it is no report (a trip could hide in it).
+    return evaluations if isinstance(evaluations, list) and all(isinstance(e, dict) for e in evaluations) else []
 
 
 @contextlib.contextmanager
