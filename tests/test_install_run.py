@@ -440,3 +440,24 @@ def test_install_through_a_symlinked_sitecustomize_keeps_the_link(tmp_path: Path
     assert SITECUSTOMIZE.end_line in (real / "sitecustomize.py").read_text()
     assert sorted(p.name for p in site.iterdir()) == ["sitecustomize.py"]
     assert sorted(p.name for p in real.iterdir()) == ["sitecustomize.py"]
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    ['{"schema_version": 1, "evaluations": [{"tripped": true}, "junk"]}', '{"schema_version": 2, "evaluations": []}',
+     '{"schema_version": 1, "schema_version": 1, "evaluations": [{"tripped": true}]}', ""],
+    ids=["an-entry-not-an-object", "another-schema", "a-key-twice", "empty"],
+)  # fmt: skip
+def test_a_process_never_replaces_a_report_it_cannot_read(tmp_path: Path, foreign: str) -> None:
+    """Another process's report that this one cannot read may hold a trip: it is left as it is (the
+    summary then says it cannot tell), never replaced by this process's evaluations alone."""
+    from probe.runtime.report import add_to_report, read_report
+
+    path = tmp_path / "observed.json"
+    path.write_text(foreign)
+    with pytest.raises(OSError, match="not a report this probe writes; it is left as it is"):
+        add_to_report(str(path), [{"tripped": False, "groups": [], "tasks": {}}])
+    assert path.read_text() == foreign
+    add_to_report(str(tmp_path / "new.json"), [{"tripped": True}])
+    add_to_report(str(tmp_path / "new.json"), [{"tripped": False}])  # a second process appends
+    assert [e["tripped"] for e in read_report(str(tmp_path / "new.json"))] == [True, False]

@@ -55,7 +55,8 @@ def read_report(path: str) -> list[dict[str, Any]]:
         document = _read(path)
     except Exception:  # any file may sit there: OSError, ValueError, JSON nested too deep, a device's reads
         return []
-    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
+    version = document.get("schema_version") if isinstance(document, dict) else None
+    if type(version) is not int or version != SCHEMA_VERSION:  # True and 1.0 equal 1, and are none
         return []
     evaluations = document.get("evaluations")
     # Each one an object, as the probe writes them: else it is no report (a trip could hide in it).
@@ -76,11 +77,16 @@ def _locked(path: str) -> Iterator[None]:
 
 
 def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
-    """Append ``evaluations`` to the report at ``path``, keeping what other processes wrote."""
+    """Append ``evaluations`` to the report at ``path``, keeping what other processes wrote; raise
+    OSError, writing nothing, where something else is there (replacing it could drop a trip that
+    another process reported: left as it is, ``eval-probe run`` says it cannot tell)."""
     with _locked(path):
         if os.path.lexists(path) and not os.path.isfile(path):
             raise OSError(f"{path} is not a regular file; it is left as it is")
-        listed = read_report(path) + evaluations
+        earlier = read_report(path)
+        if not earlier and os.path.lexists(path):  # the probe never writes a report without evaluations
+            raise OSError(f"{path} holds something that is not a report this probe writes; it is left as it is")
+        listed = earlier + evaluations
         write_json_atomic(
             path, {"schema_version": SCHEMA_VERSION, "probe_version": PROBE_VERSION, "evaluations": listed}
         )
