@@ -87,12 +87,7 @@ def own_replacements() -> Iterator[list[tuple[type, str, Any]]]:
 
 def restore_own(made: list[tuple[type, str, Any]]) -> None:
     """Restore, newest first, the replacements in ``made`` still in place (``own_replacements``)."""
-    for entry in reversed(made):
-        if any(kept is entry for kept in _ORIGINALS):
-            _ORIGINALS[:] = [kept for kept in _ORIGINALS if kept is not entry]
-            owner, name, original = entry
-            if is_ours(owner.__dict__.get(name)):
-                setattr(owner, name, original)
+    _restore([entry for entry in _ORIGINALS if any(entry is own for own in made)])
 
 
 def hooks_in(module: Any) -> bool:
@@ -108,9 +103,14 @@ def restore_all() -> None:
 def restore_where(chosen: Callable[[Any, str], bool]) -> None:
     """Restore, newest first, each original whose (owner, attribute name) is ``chosen`` and
     that is still replaced by our wrapper; the others stay as they are."""
-    for entry in reversed(list(_ORIGINALS)):
+    _restore([entry for entry in _ORIGINALS if chosen(entry[0], entry[1])])
+
+
+def _restore(entries: list[tuple[type, str, Any]]) -> None:
+    """Forget ``entries`` (of ``_ORIGINALS``, oldest first) and, newest first, put back each original
+    whose attribute is still our wrapper (a pipeline's wrapper set on top of ours stays)."""
+    for entry in reversed(entries):
+        _ORIGINALS[:] = [kept for kept in _ORIGINALS if kept is not entry]
         owner, name, original = entry
-        if chosen(owner, name):
-            _ORIGINALS.remove(entry)
-            if is_ours(owner.__dict__.get(name)):
-                setattr(owner, name, original)
+        if is_ours(owner.__dict__.get(name)):
+            setattr(owner, name, original)
