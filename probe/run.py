@@ -18,8 +18,10 @@ from typing import Any
 from probe import processgroup
 from probe.inject import sitecustomize_text
 from probe.lmeval_args import output_path_in
+from probe.reader.documents import Unreadable
+from probe.reader.evidence import cap_rate, run_evidence
 from probe.reader.sidecar import read_sidecar
-from probe.runtime.contract import ENV_REPORT, RESULT_DIR_VARS, cause_words
+from probe.runtime.contract import ENV_REPORT, EVIDENCE_KEY, RESULT_DIR_VARS, cause_words
 from probe.runtime.log import PREFIX
 from probe.runtime.report import read_report
 from probe.runtime.sidecar import is_count
@@ -253,8 +255,8 @@ def summary(
     groups = [g for e in evaluations for g in e["groups"]]
     tasks = [(name, figures) for e in evaluations for name, figures in e["tasks"].items()]
     seen, bad = sum(g["observations"] for g in groups), sum(g["pathological"] for g in groups)
-    worst = max(((name, f["cut_off_rate"]) for name, f in tasks if f.get("cut_off_rate")), key=lambda found: found[1],
-                default=None)  # fmt: skip
+    rates = [(name, cap_rate(figures)) for name, figures in tasks]
+    worst = max(((name, rate) for name, rate in rates if rate), key=lambda found: found[1], default=None)
     counted = [f for _, f in tasks] + [e["unattributed"] for e in evaluations if e.get("unattributed")]
     unjudged = sum(f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0) for f in counted)
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
@@ -268,45 +270,34 @@ def summary(
 
 
 def _as_written(evaluations: list[dict]) -> bool:
-    """Whether the report's evaluations hold what the summary reads as the probe writes it
-    (``Probe.evidence_document``): each one's trip flag a boolean that its groups, tasks and
-    unattributed figures agree with (and a trip record named only where it tripped), their
-    figures counts no larger than what they are part of, each task's name printable and its
-    cut-off rate a fraction. The report is a file any process of the command may write."""
+    """Whether the report's evaluations are evidence documents as the probe writes them: each one
+    as the reader trusts it in a results file (``run_evidence``), with groups whose counts hold
+    and agree with its trip flag, a trip record named only where it tripped, and task names that
+    print as one line. The report is a file any process of the command may write."""
     for evaluation in evaluations:
-        groups, tasks, tripped = evaluation.get("groups"), evaluation.get("tasks"), evaluation.get("tripped")
-        unattributed = evaluation.get("unattributed")
-        if type(tripped) is not bool or not isinstance(groups, list) or not isinstance(tasks, dict):
+        try:
+            run_evidence({EVIDENCE_KEY: evaluation})
+        except Unreadable:
             return False
-        if not all(
+        groups = evaluation.get("groups")
+        if not isinstance(groups, list) or not all(
             isinstance(g, dict) and type(g.get("tripped")) is bool and is_count(g.get("observations"))
             and is_count(g.get("pathological")) and g["pathological"] <= g["observations"] for g in groups
-        ) or tripped != any(g["tripped"] for g in groups):  # fmt: skip
+        ):  # fmt: skip
             return False
-        if (evaluation.get("sidecar") is not None and not tripped) or not (
-            unattributed is None or _task_as_written(unattributed, tripped)
+        if evaluation["tripped"] != any(g["tripped"] for g in groups) or (
+            evaluation.get("sidecar") is not None and not evaluation["tripped"]
         ):
             return False
-        if not all(isinstance(name, str) and name.isprintable() and _task_as_written(figures, tripped)
-                   for name, figures in tasks.items()):  # fmt: skip
+        tasks = evaluation["tasks"].items()
+        if not all(name.isprintable() and _a_fraction(figures.get("cut_off_rate")) for name, figures in tasks):
             return False
     return True
 
 
-def _task_as_written(figures: Any, tripped: bool) -> bool:
-    """Whether one task's figures (or the unattributed ones) are as the probe writes them, in an
-    evaluation whose trip flag is ``tripped``."""
-    if not isinstance(figures, dict):
-        return False
-    rate, observed = figures.get("cut_off_rate"), figures.get("observations", 0)
-    parts = [figures.get(key, 0) for key in ("cut_off", "below_min_max_tokens", "unknown_budget")]
-    return (
-        is_count(observed)
-        and all(is_count(part) and part <= observed for part in parts)
-        and (rate is None or (type(rate) in (int, float) and 0 <= rate <= 1))
-        and type(figures.get("tripped", False)) is bool
-        and figures.get("tripped", False) in (False, tripped)
-    )
+def _a_fraction(rate: Any) -> bool:
+    """Whether a task's cut-off rate is as the probe writes it: None (nothing observed) or a fraction."""
+    return rate is None or (type(rate) in (int, float) and 0 <= rate <= 1)
 
 
 def _trips_elsewhere(report: Path, here: str | Path | None) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
+from support.resultfiles import figures
 
 from patcher.install import install
 from patcher.markers import SITECUSTOMIZE
@@ -250,6 +251,10 @@ def test_the_summary_names_each_trip_record_once_and_only_paths(tmp_path: Path) 
 NOT_AS_WRITTEN = "summary: not known: no evaluation in the probe's report "
 NOT_READ = "summary: not known: the probe's report "
 GROUP = {"tripped": False, "observations": 3, "pathological": 1}
+# An evaluation as the probe writes it, healthy: each case below breaks one thing in it.
+TASK = figures(observations=3, finish_reasons={"stop": 2, "length": 1}, cut_off=1, causes={"output_cap": 1},
+               cut_off_rate=0.333333)  # fmt: skip
+EVALUATION = {"schema_version": 1, "tripped": False, "groups": [GROUP], "tasks": {"t": TASK}, "unattributed": None}
 
 
 @pytest.mark.parametrize(
@@ -258,28 +263,29 @@ GROUP = {"tripped": False, "observations": 3, "pathological": 1}
       "summary: TRIPPED in 1 of 1 evaluation(s), whose trip record is not in "),
      ({"evaluations": [{"tripped": True, "sidecar": "/r/x.json\nsummary: the probe did not trip", "groups": []}]},
       "written by another process of the run. Next: eval-probe read its results directory"),
-     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": "high"}}}]}, NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": False, "groups": [], "tasks": {"t": {"cut_off_rate": 10**400}}}]}, NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": False, "groups": [GROUP, {**GROUP, "observations": 10**4000}], "tasks": {}}]},
+     ({"evaluations": [{**EVALUATION, "tasks": {"t": {**TASK, "cut_off_rate": "high"}}}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{**EVALUATION, "tasks": {"t": {**TASK, "cut_off_rate": 10**400}}}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{**EVALUATION, "groups": [GROUP, {**GROUP, "observations": 10**4000}]}]},
       NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": False, "groups": [{**GROUP, "tripped": True}], "tasks": {}}]}, NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {"t": {"cut_off_rate": 0.1, "tripped": True}}}]},
+     ({"evaluations": [{**EVALUATION, "groups": [{**GROUP, "tripped": True}]}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{**EVALUATION, "tasks": {"t": {**TASK, "tripped": True}}}]},
       NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": 1, "groups": [GROUP], "tasks": {}}]}, NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {"a\x1b[2Kb": {"cut_off_rate": 0.5}}}]},
+     ({"evaluations": [{**EVALUATION, "tripped": 1}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{**EVALUATION, "tasks": {"a\x1b[2Kb": TASK}}]},
       NOT_AS_WRITTEN),
      ('{"schema_version": 1, "evaluations": [{"tripped": true, "tripped": false, "groups": [], "tasks": {}}]}',
       NOT_READ),
      ({"evaluations": [{"tripped": False, "groups": [], "tasks": {}}, ["tripped", True]]}, NOT_READ),
-     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {}, "unattributed": {"tripped": True}}]},
+     ({"evaluations": [{**EVALUATION, "unattributed": {**TASK, "tripped": True}}]},
       NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": False, "groups": [{**GROUP, "pathological": 999}], "tasks": {}}]}, NOT_AS_WRITTEN),
-     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {"t": {"observations": 3, "cut_off": 9}}}]},
+     ({"evaluations": [{**EVALUATION, "groups": [{**GROUP, "pathological": 999}]}]}, NOT_AS_WRITTEN),
+     ({"evaluations": [{**EVALUATION, "tasks": {"t": {**TASK, "cut_off": 9}}}]},
       NOT_AS_WRITTEN),
      ("[" * 200_000, NOT_READ), (b"\xff\xfe not UTF-8", NOT_READ),
      # As the probe writes it: lm-eval's requests of no task it can tell count too.
-     ({"evaluations": [{"tripped": False, "groups": [GROUP], "tasks": {}, "unattributed": {
-         "observations": 6, "cut_off": 6, "cut_off_rate": 1.0, "below_min_max_tokens": 6, "tripped": False}}]},
+     ({"evaluations": [{**EVALUATION, "tasks": {}, "unattributed": figures(
+         observations=6, finish_reasons={"length": 6}, cut_off=6, causes={"output_cap": 6}, cut_off_rate=1.0,
+         below_min_max_tokens=6, max_tokens=[8])}]},
       "the probe did not trip: 1 of 3 generations observed were cut off, in 1 group(s) of generation settings of "
       "1 evaluation(s); 6 more observed under a budget the rule does not judge")],
     ids=["tripped-groups-malformed", "newline-in-path", "rate-not-a-number", "rate-too-large", "count-too-large",
