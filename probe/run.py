@@ -272,8 +272,9 @@ def summary(
 def _as_written(evaluations: list[dict]) -> bool:
     """Whether the report's evaluations are evidence documents as the probe writes them: each one
     as the reader trusts it in a results file (``run_evidence``), with groups whose counts hold
-    and agree with its trip flag, a trip record named only where it tripped, and task names that
-    print as one line. The report is a file any process of the command may write."""
+    and agree with its trip flag, a trip record named only where it tripped, task names that
+    print as one line, and each task's recorded cut-off rate a fraction (the rate the summary
+    prints comes from the counts). The report is a file any process of the command may write."""
     for evaluation in evaluations:
         try:
             run_evidence({EVIDENCE_KEY: evaluation})
