@@ -49,16 +49,28 @@ def test_the_generations_the_detector_read_are_counted_whether_or_not_it_flagged
     assert (task["observations"], task["flagged"], task["watched"]) == (4, 1, 2)
 
 
-def test_a_flagged_generation_that_then_stops_is_still_pathological_for_the_gate(result_dir: Path) -> None:
-    # The detector's false flag (or a loop the model left): the flag stands for the rule, the
-    # slow start sees the pathological outcome, and the precision line records the stop.
+def test_a_flagged_generation_that_then_stops_on_its_own_is_a_false_flag_withdrawn_from_the_rule(
+    result_dir: Path,
+) -> None:
+    # A flag is provisional: the generation stopped before its budget, so it was no loop. The rule,
+    # the sample and the slow start see a stop; the evidence files it as a false flag.
     probe, (request, *_) = probe_with_requests(20)
     loop_until_flagged(probe, request)
+    assert request.group.tally.pathological == 1 and request.group.sample.counts()[2] == 1
     probe.observe(request, response("stop", 120))
-    assert request.labels == [contract.REPETITION] and is_pathological(request.labels[0])
-    assert request.group.tally.pathological == 1
+    assert request.labels == ["stop"] and not is_pathological(request.labels[0])
+    assert request.group.tally.pathological == 0 and request.group.sample.counts()[2] == 0
+    assert request.group.tally.as_dict()["false_flags"] == 1
     task = probe.evidence_document()["tasks"]["t"]
-    assert task["flagged_endings"] == {"stop": 1} and task["finish_reasons"] == {"stop": 1} and task["cut_off"] == 0
+    assert task["flagged_endings"] == {"stop": 1} and task["false_flags"] == 1 and task["cut_off"] == 0
+
+
+def test_a_flagged_generation_that_runs_to_the_cap_keeps_its_flag(result_dir: Path) -> None:
+    probe, (request, *_) = probe_with_requests(20)
+    loop_until_flagged(probe, request)
+    probe.observe(request, response("length", MAX_TOKENS))
+    assert request.labels == [contract.REPETITION] and request.group.tally.pathological == 1
+    assert probe.evidence_document()["tasks"]["t"]["false_flags"] == 0
 
 
 def test_min_samples_flags_trip_the_group_before_any_generation_ends(result_dir: Path) -> None:
@@ -187,9 +199,9 @@ def test_the_detector_knobs_are_read_used_and_part_of_the_contract(result_dir: P
         assert loop_until_flagged(probe, request, delta="ab ") == expected
 
 
-def test_the_slow_start_takes_a_flagged_request_as_pathological_however_it_ended(result_dir: Path) -> None:
+def test_the_slow_start_credits_a_false_flag_as_the_stop_it_was(result_dir: Path) -> None:
     # The slow start lets more requests through for each answer that did not run to the cap;
-    # a flagged generation that then stopped is the loop it was flagged as: no credit.
+    # a flagged generation that then stopped on its own was a stop.
     from probe.runtime.gate import SlowStart
 
     probe, (flagged, plain, *_) = probe_with_requests(20)
@@ -202,7 +214,7 @@ def test_the_slow_start_takes_a_flagged_request_as_pathological_however_it_ended
         before = policy.budget
         policy.finished(True, request.labels, request.group.tripped, False)
         budgets.append(policy.budget - before)
-    assert budgets[0] == 0 and budgets[1] > 0
+    assert budgets[0] == budgets[1] > 0
 
 
 @pytest.mark.parametrize("name", [contract.ENV_DETECTOR_NGRAM, contract.ENV_DETECTOR_WINDOW])

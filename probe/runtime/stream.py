@@ -368,6 +368,15 @@ class Reassembly:
                 raise Unassemblable(f"choice {choice.index} carries {name}")
         return new
 
+    def answering(self, index: int) -> bool:
+        """Whether choice ``index`` has gone on from its reasoning to its answer."""
+        choice = self._choices.get(index)
+        return (
+            choice is not None
+            and bool(choice.told.get("content"))
+            and any(choice.told.get(name) for name in REASONING_FIELDS)
+        )
+
     @property
     def ended(self) -> bool:
         """Every choice has ended: nothing more is being generated (the usage and ``[DONE]`` may

@@ -191,7 +191,7 @@ class _StreamedPost:
             async for chunk in response.content.iter_any():
                 for data in _refusing(lines.feed_chunk, chunk):
                     for index, text in _refusing(whole.add_event, data):
-                        probe.partial(request, index, text)
+                        probe.partial(request, index, text, whole.answering(index))
                     # Its group tripped (perhaps on this very text): end it as a trip ends the others.
                     _end_if_tripped(request)
                 if whole.done:
