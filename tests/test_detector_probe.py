@@ -52,14 +52,14 @@ def test_the_generations_the_detector_read_are_counted_whether_or_not_it_flagged
 def test_a_flagged_generation_that_then_stops_on_its_own_is_a_false_flag_withdrawn_from_the_rule(
     result_dir: Path,
 ) -> None:
-    # A flag is provisional: the generation stopped before its budget, so it was no loop. The rule,
-    # the sample and the slow start see a stop; the evidence files it as a false flag.
+    # A flag is provisional: the generation stopped before its budget, so it was no loop. The rule
+    # and the slow start see a stop; the evidence files it as a false flag.
     probe, (request, *_) = probe_with_requests(20)
     loop_until_flagged(probe, request)
-    assert request.group.tally.pathological == 1 and request.group.sample.counts()[2] == 1
+    assert request.group.tally.pathological == 1
     probe.observe(request, response("stop", 120))
     assert request.labels == ["stop"] and not is_pathological(request.labels[0])
-    assert request.group.tally.pathological == 0 and request.group.sample.counts()[2] == 0
+    assert request.group.tally.pathological == 0 and request.group.tally.observed == 1
     assert request.group.tally.as_dict()["false_flags"] == 1
     task = probe.evidence_document()["tasks"]["t"]
     assert task["flagged_endings"] == {"stop": 1} and task["false_flags"] == 1 and task["cut_off"] == 0
@@ -250,3 +250,51 @@ def test_vllm_partial_outputs_are_asked_for_evidence_requests_only() -> None:
     assert wanted(probe.settings, [request]) and not wanted(probe.settings, [short])
     assert not wanted(contract.Settings(detector=False), [request])
     assert not wanted(contract.Settings(stream="off"), [request])
+
+
+FUNCTION = """def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+"""
+CHORUS = (
+    "And we sing, oh we sing, under the northern light tonight,\n"
+    "holding on, holding on, till the morning makes it right.\n"
+)
+
+
+def _fed(probe: Probe, request, pieces: list[tuple[str, bool]], size: int = 7) -> bool:
+    """Feed each (text, answering) piece in deltas of ``size`` characters; whether it was flagged."""
+    for text, answering in pieces:
+        for start in range(0, len(text), size):
+            probe.partial(request, 0, text[start : start + size], answering)
+    return 0 in request.flagged
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_an_answer_that_restates_the_function_its_reasoning_drafted_is_not_a_loop(
+    result_dir: Path, inline: bool
+) -> None:
+    """A reasoning model drafts a function, checks it, and gives it again as its answer (issue 34):
+    with the reasoning streamed apart, or inline before </think>."""
+    probe, (request, *_) = probe_with_requests(20)
+    reasoning = "Let me write the function first.\n" + FUNCTION + "Checking: [3, 1, 2] gives 2. Good.\n"
+    if inline:
+        pieces = [(reasoning + "</think>\nThe final code:\n" + FUNCTION, False)]
+    else:
+        pieces = [(reasoning, False), ("The final code:\n" + FUNCTION, True)]
+    assert not _fed(probe, request, pieces)
+
+
+def test_code_shown_and_repeated_as_final_code_and_a_chorus_sung_twice_are_not_loops(result_dir: Path) -> None:
+    probe, (code, song, *_) = probe_with_requests(20)
+    assert not _fed(probe, code, [("Here is the code:\n" + FUNCTION + "Final code:\n" + FUNCTION, False)])
+    verse = "The river knows the names of every town it passes by,\n"
+    assert not _fed(probe, song, [(verse + CHORUS + verse.upper() + CHORUS + "And at the end:\n" + CHORUS, False)])
+
+
+def test_a_block_that_keeps_repeating_is_a_loop(result_dir: Path) -> None:
+    probe, (request, *_) = probe_with_requests(20)
+    assert _fed(probe, request, [("Here is the code:\n" + FUNCTION * 6, False)])

@@ -99,6 +99,7 @@ def test_tally_counts_histogram_and_caps() -> None:
         "causes": dict.fromkeys(contract.CAUSES, 0),  # labels alone tell no cause
         "repetition": 1,
         "flagged": 0,
+        "false_flags": 0,
         "max_tokens": [2048, 4096],
     }
 

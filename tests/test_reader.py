@@ -141,6 +141,7 @@ def test_contract_follows_effective_values() -> None:
         "HYPERLOOM_EVAL_PROBE_DETECTOR_WINDOW": 256,
         "HYPERLOOM_EVAL_PROBE_DETECTOR_DRIFT": 0.6,
         "HYPERLOOM_EVAL_PROBE_DETECTOR_THRESHOLD": 20.0,
+        "HYPERLOOM_EVAL_PROBE_DETECTOR_REPEATS": 4,
     }
     assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "junk"})
     assert contract_fingerprint({}) == contract_fingerprint({"HYPERLOOM_EVAL_PROBE_MIN_SAMPLES": "16"})

@@ -43,6 +43,9 @@ ENV_DETECTOR_NGRAM = "HYPERLOOM_EVAL_PROBE_DETECTOR_NGRAM"
 ENV_DETECTOR_WINDOW = "HYPERLOOM_EVAL_PROBE_DETECTOR_WINDOW"
 ENV_DETECTOR_DRIFT = "HYPERLOOM_EVAL_PROBE_DETECTOR_DRIFT"
 ENV_DETECTOR_THRESHOLD = "HYPERLOOM_EVAL_PROBE_DETECTOR_THRESHOLD"
+# How many periods of its cycle a generation must repeat to be flagged.
+ENV_DETECTOR_REPEATS = "HYPERLOOM_EVAL_PROBE_DETECTOR_REPEATS"
+DETECTOR_REPEATS_RANGE = (1, 1000)
 # A drift outside this range either flags every text (0) or nothing (1).
 DRIFT_RANGE = (0.05, 0.95)
 # The detector's sizes, in units: they size its buffers (a size beyond what a buffer can hold
@@ -86,11 +89,12 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 # - trip: the rule fired and this evaluation's sidecar holds the trip record; a *failed
 #   trip* (``Group.trip_failed``) fired but could not write it, so its group runs unprobed.
 # - flagged: a generation the loop detector (``degeneration``) saw looping in its partial
-#   output. The flag counts once, at once, as a pathological observation with cause
-#   REPETITION; how a flagged generation then ended is filed apart (``flagged_endings``), so
-#   that the detector's precision can be read off every run, and the observed generations
-#   whose output it read are counted (``watched``: the denominator of its false-flag rate). A
-#   flag never ends a request by itself: only a trip of its group does.
+#   output. The flag counts at once as a pathological observation with cause REPETITION, and
+#   is provisional: a flagged generation that then stops on its own before its budget was no
+#   loop, and its flag is withdrawn (a *false flag*, ``false_flags``). How flagged generations
+#   ended is filed apart (``flagged_endings``), and the observed generations whose output the
+#   detector read are counted (``watched``), so that every run measures the detector's
+#   precision. A flag never ends a request by itself: only a trip of its group does.
 # - evaluation: one ``simple_evaluate`` call, the probe's scope (``state.Probe``): its own
 #   groups, evidence, run identity, sidecar and gates.
 # ---------------------------------------------------------------------------------------
@@ -169,6 +173,7 @@ class Settings:
     detector_window: int = 256
     detector_drift: float = 0.6
     detector_threshold: float = 20.0
+    detector_repeats: int = 4
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -183,6 +188,7 @@ class Settings:
             ENV_DETECTOR_WINDOW: self.detector_window,
             ENV_DETECTOR_DRIFT: self.detector_drift,
             ENV_DETECTOR_THRESHOLD: self.detector_threshold,
+            ENV_DETECTOR_REPEATS: self.detector_repeats,
         }
 
 
@@ -304,6 +310,11 @@ def read_settings(environ: Mapping[str, str] | None = None) -> tuple[Settings, l
             ENV_DETECTOR_THRESHOLD,
             lambda raw: _parse_positive(ENV_DETECTOR_THRESHOLD, raw, defaults.detector_threshold),
             defaults.detector_threshold,
+        ),
+        detector_repeats=pick(
+            ENV_DETECTOR_REPEATS,
+            lambda raw: _parse_int(ENV_DETECTOR_REPEATS, raw, defaults.detector_repeats, *DETECTOR_REPEATS_RANGE),
+            defaults.detector_repeats,
         ),
     )
     return settings, warnings

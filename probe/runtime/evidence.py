@@ -179,6 +179,11 @@ def is_pathological(label: str) -> bool:
     return label in PATHOLOGICAL_REASONS or label == USAGE_AT_CAP
 
 
+def stopped_on_its_own(choice: Choice) -> bool:
+    """A generation the model ended itself, before its budget: a flag on it was false."""
+    return choice.label in ("stop", USAGE_BELOW_CAP) and choice.cause is None
+
+
 def _record_budget(budgets: set, max_tokens: int | tuple[int, ...] | None) -> None:
     """Keep ``max_tokens`` (one budget, or each of a request's: ``Request.budgets``) among the
     budgets an evidence record lists when a reader can hold it (a count): a budget of 10**400
@@ -204,6 +209,7 @@ class TaskEvidence:
     unknown_budget: int = 0  # observed, under a budget the probe could not read (never judged)
     flagged: int = 0  # generations the loop detector flagged from their partial output
     flagged_endings: Counter = field(default_factory=Counter)  # how those then ended: finish reasons
+    false_flags: int = 0  # flagged generations that then stopped on their own before their budget
     watched: int = 0  # observed generations whose partial output the loop detector had read
     max_tokens: set = field(default_factory=set)
     groups: set = field(default_factory=set)
@@ -220,6 +226,7 @@ class TaskEvidence:
         ``watched``: it had read some of its output, flagged or not)."""
         if flagged:
             self.flagged_endings[choice.label] += 1
+            self.false_flags += stopped_on_its_own(choice)
         self.watched += watched or flagged
         self.observed += 1
         self.reasons[choice.label] += 1
@@ -249,6 +256,7 @@ class TaskEvidence:
             "unknown_budget": self.unknown_budget,
             "flagged": self.flagged,
             "flagged_endings": dict(sorted(self.flagged_endings.items())),
+            "false_flags": self.false_flags,
             "watched": self.watched,
             "max_tokens": sorted(self.max_tokens),
             "tripped": tripped,
@@ -262,6 +270,7 @@ class Tally:
     observed: int = 0
     pathological: int = 0  # cut off, for a cause the rule counts (a flag included)
     flagged: int = 0  # counted when the loop detector flagged them, before they ended
+    false_flags: int = 0  # flags withdrawn: the generation then stopped on its own
     reasons: Counter = field(default_factory=Counter)
     causes: Counter = field(default_factory=Counter)
     max_tokens: set = field(default_factory=set)
@@ -274,6 +283,15 @@ class Tally:
         self.flagged += 1
         self.causes[REPETITION] += 1
         _record_budget(self.max_tokens, max_tokens)
+
+    def withdraw(self) -> None:
+        """A flagged generation stopped on its own before its budget: its flag was false, and it
+        is no longer counted as pathological (its ending is counted by ``add_choices``)."""
+        self.observed -= 1
+        self.pathological -= 1
+        self.flagged -= 1
+        self.false_flags += 1
+        self.causes[REPETITION] -= 1
 
     def add(self, labels: list[str], max_tokens: int | tuple[int, ...] | None) -> None:
         """Count generations known by their labels only (no cause)."""
@@ -305,5 +323,6 @@ class Tally:
             "causes": {cause: self.causes.get(cause, 0) for cause in CAUSES},
             "repetition": self.reasons.get("repetition", 0),
             "flagged": self.flagged,
+            "false_flags": self.false_flags,
             "max_tokens": sorted(self.max_tokens),
         }

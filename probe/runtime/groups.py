@@ -83,6 +83,7 @@ class Request:
     # The loop detector of each choice fed partial output so far, and the choices it flagged.
     detectors: dict[int, LoopDetector] = field(default_factory=dict)
     flagged: set[int] = field(default_factory=set)
+    answering: set[int] = field(default_factory=set)  # the choices past their reasoning
     # The object lm-eval passed its prompts in: a retry of this call passes the same one.
     source: Any = field(default=None, repr=False, compare=False)
 

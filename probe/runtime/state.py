@@ -29,8 +29,8 @@ from probe.runtime.contract import (
     settings_fingerprint,
     sidecar_path,
 )
-from probe.runtime.degeneration import LoopDetector
-from probe.runtime.evidence import describe_choices
+from probe.runtime.degeneration import THINKING_ENDS, LoopDetector
+from probe.runtime.evidence import describe_choices, stopped_on_its_own
 from probe.runtime.gate import Gates
 from probe.runtime.groups import GIVEN, PREDICTED, READ, UNREADABLE, Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
@@ -208,22 +208,24 @@ class Probe:
         request.pending -= n
         request.group.pending -= n
 
-    def partial(self, request: Request, index: int, text: str) -> None:
+    def partial(self, request: Request, index: int, text: str, answering: bool = False) -> None:
         """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
         part, in order). Feeds that choice's degeneration detector; the first time it flags,
-        counts one pathological observation (cause ``repetition``) for the rule, which may trip
+        counts one provisional pathological observation (cause ``repetition``) for the rule, which may trip
         the group (cancelling its in-flight requests as a trip does today). Never raises; a no-op
         once the choice is flagged or observed, for a choice the request does not have, for
         non-evidence requests, and when the detector is off.
 
         A trip never cancels the asyncio task that calls this (as with ``observe``): a caller
-        whose own request should end at a trip reads ``request.group.tripped`` afterwards."""
+        whose own request should end at a trip reads ``request.group.tripped`` afterwards.
+        ``answering``: the stream says the choice has gone on from its reasoning to its answer,
+        which is judged apart from the reasoning (as is text after an inline ``</think>``)."""
         try:
-            self._partial(request, index, text)
+            self._partial(request, index, text, answering)
         except Exception as error:
             self.errors.report("partial", error)
 
-    def _partial(self, request: Request, index: int, text: str) -> None:
+    def _partial(self, request: Request, index: int, text: str, answering: bool) -> None:
         settings = self.settings
         if request.budget_source == PREDICTED:  # streaming, so built and sent: never read, unknown
             self._unread(request)
@@ -235,13 +237,18 @@ class Probe:
         with self.lock:
             if request.observed or index in request.flagged:
                 return
-            detector = request.detectors.get(index)
-            if detector is None:
-                detector = request.detectors[index] = LoopDetector(
-                    settings.detector_ngram, settings.detector_window, settings.detector_drift,
-                    settings.detector_threshold,
-                )  # fmt: skip
-            if not detector.feed(text):
+            # The reasoning and the answer are judged apart: an answer that restates what the
+            # reasoning drafted is no loop. The answer starts where the stream says so, or after
+            # an inline end-of-thinking tag.
+            reasoning, tag, answer = ("", "", text) if index in request.answering else text.partition(THINKING_ENDS)
+            if not tag:
+                reasoning, answer = ("", text) if answering or index in request.answering else (text, "")
+            flagged = bool(reasoning) and self._detector(request, index).feed(reasoning)
+            if not flagged and (tag or answering) and index not in request.answering:
+                request.answering.add(index)
+                request.detectors[index] = self._new_detector()
+            flagged = flagged or (bool(answer) and self._detector(request, index).feed(answer))
+            if not flagged:
                 return
             del request.detectors[index]
             request.flagged.add(index)
@@ -252,6 +259,19 @@ class Probe:
             group.tally.flag(request.budgets)
             if not group.tripped and not group.trip_failed and group.tally.fires(settings):
                 self._trip(group, request)
+
+    def _new_detector(self) -> LoopDetector:
+        settings = self.settings
+        return LoopDetector(
+            settings.detector_ngram, settings.detector_window, settings.detector_drift, settings.detector_threshold,
+            settings.detector_repeats,
+        )  # fmt: skip
+
+    def _detector(self, request: Request, index: int) -> LoopDetector:
+        detector = request.detectors.get(index)
+        if detector is None:
+            detector = request.detectors[index] = self._new_detector()
+        return detector
 
     def observe(self, request: Request, response: Any) -> None:
         """Record the evidence of one response, and trip when the rule fires; never raises.
@@ -290,8 +310,13 @@ class Probe:
                 self.tasks.of(task).add(choice, request.budgets, request.is_evidence, flagged, choice.index in watched)
             if not request.is_evidence:
                 return
+            # A flag is provisional: a flagged generation that then stopped on its own was no loop.
+            for choice in choices:
+                if choice.index in request.flagged and stopped_on_its_own(choice):
+                    request.flagged.discard(choice.index)
+                    group.tally.withdraw()
             # The gate's slow start learns from what the request's answers said; a flagged
-            # choice is the pathological outcome it was flagged as, however it ended.
+            # choice is the pathological outcome it was flagged as.
             request.labels = [REPETITION if c.index in request.flagged else c.rule_label for c in choices]
             group.tally.add_choices([c for c in choices if c.index not in request.flagged], request.budgets)
             if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):

@@ -26,6 +26,7 @@ PROBE_VARS = (
     contract.ENV_DETECTOR_WINDOW,
     contract.ENV_DETECTOR_DRIFT,
     contract.ENV_DETECTOR_THRESHOLD,
+    contract.ENV_DETECTOR_REPEATS,
     contract.ENV_REPORT,
     contract.ENV_RUN_ID,
     *contract.RESULT_DIR_VARS,
