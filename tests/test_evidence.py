@@ -37,9 +37,11 @@ def test_zero_pathological_observations_never_trip(ratio: float) -> None:
 
 def test_a_healthy_model_is_not_tripped_by_a_tiny_ratio_knob() -> None:
     settings, warnings = contract.read_settings({contract.ENV_LENGTH_RATIO: "1e-12"})
-    tally = evidence.Tally()
-    tally.add(["stop"] * 16, 2048)
-    assert warnings and not tally.fires(settings)
+    sample = rule.Sample(settings.min_samples, settings.length_ratio)
+    for place in range(16):
+        sample.join(place, 1)
+        sample.record(place, 0, False)
+    assert warnings and not sample.fires() and sample.complete
 
 
 def test_rule_is_exact_at_ratios_that_round_badly() -> None:

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from probe.runtime import contract
-from probe.runtime.evidence import Tally
 from probe.runtime.gate import AUTO_MAX_CONCURRENT, Gate, Gates, SlowStart, slow_start_applies
+from probe.runtime.rule import Sample
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent
@@ -126,20 +126,24 @@ def test_the_gate_runs_dry_only_once_the_rule_has_fired(ratio: float, p_cap: flo
     settings = contract.Settings(length_ratio=ratio)
     for seed in range(20):
         randomly = random.Random(seed)
-        policy, tally = SlowStart.for_batch(64, settings.min_samples, ratio, slow=True), Tally()
+        policy = SlowStart.for_batch(64, settings.min_samples, ratio, slow=True)
+        sample = Sample(settings.min_samples, ratio)
         waiting, running, fired = 300, [], False
         while (waiting or running) and not fired:
             while waiting and policy.may_send(len(running)):
                 policy.send()
+                place = 300 - waiting
+                sample.join(place, 1)
                 waiting -= 1
-                running.append("length" if randomly.random() < p_cap else "stop")
+                running.append((place, "length" if randomly.random() < p_cap else "stop"))
             if not running:
                 break  # ran dry
-            label = running.pop(randomly.randrange(len(running)))
-            tally.add([label], 2048)
-            fired = tally.fires(settings)
-            policy.finished(True, [label], tripped=fired, unprobed=False)
-        assert fired or waiting == 0, (seed, tally.as_dict())
+            place, label = running.pop(randomly.randrange(len(running)))
+            sample.record(place, 0, label == "length")
+            fired = sample.fires()
+            settled = sample.complete and not fired
+            policy.finished(True, [label], tripped=fired, unprobed=False, settled=settled)
+        assert fired or waiting == 0, (seed, sample.as_dict())
 
 
 def test_when_off_only_num_concurrent_limits_it() -> None:
@@ -229,52 +233,36 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def _admission_order(seed: str, n: int = 30) -> list[str]:
-    gate = Gate(SlowStart.for_batch(n, 4, 0.75, slow=False), seed)
-    admitted: list[str] = []
-    release = asyncio.Event()
-    tasks = _tasks(gate, n, admitted, release)
-    await _settle()
-    release.set()
-    await asyncio.gather(*tasks)
-    return admitted
-
-
-async def test_the_gate_chooses_only_once_every_call_of_the_batch_has_arrived() -> None:
-    gate = Gate(SlowStart.for_batch(16, 4, 0.75, slow=True), "seed")  # 4 first, 8 more per stop, 16 at once
+async def test_calls_go_through_in_the_order_they_arrive_as_the_slow_start_allows() -> None:
+    gate = Gate(SlowStart(16, 4.0, 8.0))  # 4 first, 8 more per stop, 16 at once
     admitted: list[str] = []
     release = asyncio.Event()
     tasks = _tasks(gate, 30, admitted, release)
-    await asyncio.sleep(0)
-    assert admitted == [] and gate.in_flight == 0  # all 30 parked, none chosen yet
     await _settle()
-    assert len(admitted) == 4 and gate.in_flight == 4
-    assert admitted != ["0", "1", "2", "3"]  # not the first four to arrive (true for this seed)
+    assert admitted == ["0", "1", "2", "3"] and gate.in_flight == 4
     gate.release(True, ["length"])
     await _settle()
     assert len(admitted) == 4 and gate.in_flight == 3
     gate.release(True, ["stop"])
     await _settle()
-    assert len(admitted) == 12 and gate.in_flight == 10
+    assert admitted == [str(i) for i in range(12)] and gate.in_flight == 10
     for _ in range(2):
         gate.release(True, ["stop"])
     await _settle()
     assert len(admitted) == 20 and gate.in_flight == 16  # every place taken
-    for _ in range(10):
+    gate.release(True, ["stop"], settled=True)  # the sample settled: the gate opens
+    await _settle()
+    assert admitted == [str(i) for i in range(21)] and gate.in_flight == 16
+    for _ in range(9):
         gate.release(True, ["stop"])
     await _settle()
-    assert sorted(admitted, key=int) == [str(i) for i in range(30)] and gate.in_flight == 16
+    assert admitted == [str(i) for i in range(30)] and gate.in_flight == 16
     release.set()
     await asyncio.gather(*tasks)
 
 
-async def test_the_order_is_the_seeds_and_reproducible() -> None:
-    first, again, other = [await _admission_order(s) for s in ("a", "a", "b")]
-    assert first == again and first != other and sorted(first, key=int) == [str(i) for i in range(30)]
-
-
 async def test_after_a_trip_every_waiting_call_is_let_through_without_counting() -> None:
-    gate = Gate(SlowStart.for_batch(8, 2, 0.75, slow=True))
+    gate = Gate(SlowStart(8, 2.0, 8.0))
     admitted: list[str] = []
     release = asyncio.Event()
     tasks = _tasks(gate, 40, admitted, release)
@@ -287,7 +275,7 @@ async def test_after_a_trip_every_waiting_call_is_let_through_without_counting()
 
 
 async def test_a_call_cancelled_at_the_gate_never_counts() -> None:
-    gate = Gate(SlowStart.for_batch(4, 1, 0.75, slow=True))  # one first, then 8 per stop
+    gate = Gate(SlowStart(4, 1.0, 8.0))  # one first, then 8 per stop
     admitted: list[str] = []
     release = asyncio.Event()
     calls = {n: asyncio.create_task(_hold(gate, n, admitted, release)) for n in ("a", "b", "c")}
@@ -303,7 +291,7 @@ async def test_a_call_cancelled_at_the_gate_never_counts() -> None:
 
 
 async def test_a_place_handed_over_as_the_call_is_cancelled_is_passed_on() -> None:
-    gate = Gate(SlowStart.for_batch(4, 1, 0.75, slow=True))
+    gate = Gate(SlowStart(4, 1.0, 8.0))
     admitted: list[str] = []
     release = asyncio.Event()
     await gate.acquire()

@@ -13,7 +13,7 @@ from support.lm import GEN_KWARGS, completions, probe_installed
 
 from probe.demo.simserver import SimServer, healthy_answer
 from probe.runtime import state
-from probe.runtime.gate import Gates
+from probe.runtime.order import sample_members
 from probe.runtime.sampling import Sampling
 
 
@@ -99,12 +99,12 @@ def test_a_model_whose_caps_are_all_on_the_longest_prompts_is_judged_on_a_unifor
     assert sum(server.at_cap(t) for t in texts) == 16
     unprobed = _generate(completions(server.base_url, num_concurrent=concurrency), texts)
     with probe_installed() as probe:
-        probe.gates = Gates(probe.settings, Sampling(seed))
+        probe.sampling = Sampling(seed)
         probed = _generate(completions(server.base_url, num_concurrent=concurrency), texts)
         document = probe.evidence_document()
     assert probed == unprobed
     assert document["tripped"] is False and document["groups"][0]["observations"] == 80
-    assert document["sampling"]["seed"] == seed and document["sampling"]["method"] == "seeded-uniform-order"
+    assert document["sampling"]["seed"] == seed and document["sampling"]["method"] == "seeded-sample-first"
     assert not (result_dir / "hyperloom_eval_probe.json").exists()
 
 
@@ -136,10 +136,10 @@ class _RecordingServer(SimServer):
 def test_several_prompts_per_request_are_a_random_set_not_a_block_of_lm_evals_longest_first_order(
     sim, result_dir, concurrency: int, seed: int
 ) -> None:
-    """batch_size 8: the gate can only choose which requests go first, not what each holds. In
-    lm-eval's order each request holds 8 prompts of neighbouring length, so the first 16
-    observations are two blocks (the two longest blocks hold every answer at the cap: trip
-    probability about 1/45, not the table's 3.35e-06); in the sampled order each is a random set."""
+    """batch_size 8: in lm-eval's order each request holds 8 prompts of neighbouring length, so the
+    first 16 observations are two blocks (the two longest blocks hold every answer at the cap: trip
+    probability about 1/45, not the table's 3.35e-06). The sample goes first, 8 random prompts a
+    request; the rest keep lm-eval's order, two blocks included, and are not judged."""
     texts = _questions(80)
     threshold = sorted(len(t) for t in texts)[int(len(texts) * 0.8)]
     with _RecordingServer("mixed", cap_min_chars=threshold) as server:
@@ -147,11 +147,14 @@ def test_several_prompts_per_request_are_a_random_set_not_a_block_of_lm_evals_lo
         assert sum(all(server.at_cap(prompt) for prompt in sent) for sent in server.requests) == 2  # two blocks
         server.requests.clear()
         with probe_installed() as probe:
-            probe.gates = Gates(probe.settings, Sampling(seed))
+            probe.sampling = Sampling(seed)
             probed = _generate(completions(server.base_url, num_concurrent=concurrency, batch_size=8), texts)
-    assert probed == unprobed
+            document = probe.evidence_document()
+    assert probed == unprobed and document["tripped"] is False
     assert len(server.requests) == 10
-    assert not any(all(server.at_cap(prompt) for prompt in sent) for sent in server.requests)
+    sample = sample_members(seed, [(text, GEN_KWARGS) for text in texts], probe.reserve)
+    judged = [sent for sent in server.requests if any(texts.index(prompt) in sample for prompt in sent)]
+    assert len(judged) == 8 and not any(all(server.at_cap(prompt) for prompt in sent) for sent in judged)
 
 
 def test_a_collator_a_pipeline_puts_in_after_the_probe_installed_sorts_in_the_sampled_order_too(
@@ -190,10 +193,10 @@ def test_repeats_of_one_prompt_that_runs_to_the_cap_do_not_trip_the_sync_path(si
     """20 prompts, each sampled 16 times (lm-eval's ``repeats``); the copies of the one the
     sampled order puts first all run to the cap (5% of the answers). Sent together, those 16
     copies alone were the first 16 observations: a trip, and 304 healthy answers blanked."""
-    from probe.runtime.order import _sample_key
+    from probe.runtime.sampling import rank
 
     texts = [f"Question {i}: What is {i} + {2 * i + 1}?\nAnswer:" for i in range(20)]
-    first = min(texts, key=lambda text: _sample_key(0, text))
+    first = min(texts, key=lambda text: rank(0, repr(text)))
     server = sim("healthy", loop_marker=first.split(":")[0] + ":")
     requests = [
         Instance(request_type="generate_until", doc={}, arguments=(text, dict(GEN_KWARGS)), idx=0, repeats=16)

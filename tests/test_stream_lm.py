@@ -92,8 +92,9 @@ def test_streamed_chat_answers_are_the_unprobed_ones_empty_or_null_too(
     said = capsys.readouterr().err.count("an empty answer, which this server may send as null")
     if mode == "empty" and quirk is None:
         # vLLM's empty answer without reasoning: "" without a reasoning parser, null with some.
-        # The answer is uncertain, not the stream: each falls back, and streaming goes on.
-        assert stats["streamed"] == fallbacks == 6 and said == 1
+        # The answer is uncertain, not the stream: each falls back, and streaming goes on until
+        # the sample's verdict is final (4 of the 6 stopped: the rest could not trip it).
+        assert 4 <= stats["streamed"] == fallbacks <= 6 and said == 1
     elif quirk is None:
         assert stats["streamed"] == 6 and fallbacks == 0 and said == 0
     else:  # auto: the two in flight at the first fall back, then no more streaming
@@ -174,7 +175,8 @@ def test_a_gateway_that_streams_the_text_so_far_changes_no_answer_and_flags_noth
     assert probed == plain and group["flagged"] == 0 and group["observations"] == 12
     said = capsys.readouterr().err
     if case == "short":
-        assert attempts == 12 and said.count("extends or repeats the one before") == 1
+        # Streamed until the sample's verdict was final (8 of the 12 stopped), then plainly.
+        assert 8 <= attempts <= 12 and said.count("extends or repeats the one before") == 1
         return
     # Refused as a way of streaming: under auto the server is streamed no more (two were in flight).
     assert attempts == 12 if knob == "on" else attempts <= 2
@@ -208,21 +210,24 @@ def test_a_server_busy_once_is_streamed_again(sim, result_dir, capsys) -> None:
     with probe_installed():
         probed = generate(completions(server.base_url, num_concurrent=4), 12)
     said = capsys.readouterr().err
-    assert probed == plain and server.snapshot()["streamed"] == 11
+    # Streamed again until the sample's verdict was final (8 of the 12 stopped).
+    assert probed == plain and 8 <= server.snapshot()["streamed"] <= 11
     assert said.count("could not be reassembled (status 500); sent it unstreamed, each request tries again") == 1
 
 
-def test_a_model_behind_a_server_busy_once_that_turns_bad_is_streamed_and_flagged(sim, result_dir) -> None:
+def test_a_looping_model_behind_a_server_busy_once_is_streamed_and_flagged(sim, result_dir) -> None:
     # Its first streamed request answered 500 (and then, unstreamed, at once), the server was
     # taken for one that cannot stream: nothing more was streamed to it in the process, and a
-    # model that turns bad after 40 requests was caught only as its loops reached the cap.
-    server = sim("healthy", turn_after=40, cap_loop="loop_short", stream_quirk="busy_once", seconds_per_token=0.00005)
+    # looping model was caught only as its loops reached the cap.
+    server = sim("loop_short", stream_quirk="busy_once", seconds_per_token=0.0005)
     with probe_installed() as probe:
         generate(completions(server.base_url, num_concurrent=8), 400, {**GEN_KWARGS, "max_tokens": 4096})
         probe.finalise()
         (group,) = probe.evidence_document()["groups"]
-    assert group["tripped"] and group["flagged"] > 0
-    assert server.snapshot()["streamed"] > 40
+    assert group["tripped"] and group["flagged"] >= 12
+    # Only the request answered 500, then sent unstreamed, ran to the cap: the sample waited for it.
+    assert group["finish_reasons"].get("length", 0) <= 1
+    assert server.snapshot()["streamed"] >= 15  # the sample, less the request that fell back
 
 
 BROKE = "a stream that broke off or stalled: ClientPayloadError"
@@ -239,8 +244,9 @@ BROKE = "a stream that broke off or stalled: ClientPayloadError"
         # the one beside it broke off).
         ("drop_mid", BROKE, (2, 4)),
         ("drop_after_last", BROKE, (2, 4)),
-        # One stream cut, as a restart cuts those in flight: the rest stream again.
-        ("drop_once", BROKE, (6, 6)),
+        # One stream cut, as a restart cuts those in flight: the rest stream again, until the
+        # sample's verdict is final (4 of the 6 stopped).
+        ("drop_once", BROKE, (4, 6)),
     ],
 )
 @pytest.mark.parametrize(("knob", "n"), [("auto", 6), ("on", 2)])
@@ -318,7 +324,8 @@ def test_a_trip_closes_the_streams_in_flight_and_the_server_stops_generating(sim
         install.uninstall()
     stats = settled(server)
     sidecar = json.loads((result_dir / contract.SIDECAR_NAME).read_text())
-    assert stats["streamed"] == stats["generate_requests"] <= 8 + 2
+    # Only the sample (the first 2 sent) is streamed; the wave beside it is cancelled at the trip.
+    assert stats["streamed"] == 2 and stats["generate_requests"] == 8
     # Nothing is generating any more, and each request the probe closed was aborted there.
     assert stats["in_flight"] == 0
     assert stats["aborted"] == stats["generate_requests"] <= sidecar["final"]["cancelled_in_flight"]

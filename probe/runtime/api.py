@@ -80,8 +80,9 @@ def _request(probe: state.Probe, lm: Any, original: Callable, args: tuple, kwarg
         )
     budget = budgets.predicted(lm, gen_kwargs, chat) if observed else None
     # An unread builder may still call a wrapped one: what that returns is not what is sent.
-    request = probe.request(lm, gen_kwargs, prompts, budget, budget_source=PREDICTED if observed else UNREADABLE)
-    request.source = messages
+    request = probe.request(
+        lm, gen_kwargs, prompts, budget, budget_source=PREDICTED if observed else UNREADABLE, source=messages
+    )
     probe.resume(request)
     return request
 
@@ -193,7 +194,7 @@ async def _run_async(
     if group.tripped:
         return probe.blanks(request)
     try:
-        gate = probe.gates.for_running_loop(lm, request.is_evidence, group.key)
+        gate = probe.gates.for_running_loop(lm, request.is_evidence)
     except Exception as error:
         probe.errors.report("gate", error)
         gate = None
@@ -228,7 +229,6 @@ async def _run_async(
         answered = True
         return answers
     finally:
-        probe.ended(request)
         if gate is not None:
             _release(probe, gate, answered, request)
 
@@ -261,7 +261,7 @@ def _release(probe: state.Probe, gate: Gate, answered: bool, request: Request) -
     """Give the call's place back and tell the slow start what its answer showed; never raises."""
     group = request.group
     try:
-        gate.release(answered, request.labels, group.tripped, group.trip_failed)
+        gate.release(answered, request.labels, group.tripped, group.trip_failed, probe.settled(group))
     except Exception as error:
         probe.errors.report("gate", error)
 
@@ -366,11 +366,10 @@ def _registering_generate_until(original: Callable, api_models: Any = None) -> C
                 probe.register(requests)
             except Exception as error:
                 probe.errors.report("generate_until", error)
-        # lm-eval's order is replaced on both paths: the sync path sends one request at a
-        # time (the gate cannot choose), and on the async path with batch_size > 1 the gate
-        # chooses only which requests go first, not which prompts each holds (in lm-eval's
-        # order, a block of neighbouring lengths: a cluster sample, not a uniform one).
-        with sampled_order(probe.gates.sampling.seed if probe is not None else None, api_models):
+        # The sample first on both paths: what the sync path sends first, what reaches the gate
+        # first on the async path, and which prompts share a request with batch_size > 1.
+        seed = probe.sampling.seed if probe is not None else None
+        with sampled_order(seed, api_models, reserve=probe.reserve if probe is not None else 0):
             return original(self, requests, *args, **kwargs)
 
     return mark(generate_until, original)

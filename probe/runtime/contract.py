@@ -89,12 +89,13 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 # - trip: the rule fired and this evaluation's sidecar holds the trip record; a *failed
 #   trip* (``Group.trip_failed``) fired but could not write it, so its group runs unprobed.
 # - flagged: a generation the loop detector (``degeneration``) saw looping in its partial
-#   output. The flag counts at once as a pathological observation with cause REPETITION, and
-#   is provisional: a flagged generation that then stops on its own before its budget was no
-#   loop, and its flag is withdrawn (a *false flag*, ``false_flags``). How flagged generations
-#   ended is filed apart (``flagged_endings``), and the observed generations whose output the
-#   detector read are counted (``watched``), so that every run measures the detector's
-#   precision. A flag never ends a request by itself: only a trip of its group does.
+#   output. The flag counts at once as a pathological outcome with cause REPETITION, and is
+#   provisional: a flagged generation that then stops on its own before its budget was no loop,
+#   and its flag is withdrawn (a *false flag*, ``false_flags``). How flagged generations ended is
+#   filed apart (``flagged_endings``), and the observed generations whose output the detector
+#   read are counted (``watched``), so that every run measures the detector's precision. A flag
+#   never ends a request by itself: only a trip of its group does.
+# - sample: the requests of a group that the rule judges, sent first (``rule``, ``order``).
 # - evaluation: one ``simple_evaluate`` call, the probe's scope (``state.Probe``): its own
 #   groups, evidence, run identity, sidecar and gates.
 # ---------------------------------------------------------------------------------------

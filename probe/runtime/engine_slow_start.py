@@ -113,7 +113,7 @@ class EngineSlowStart:
         """Take how one sent request of ``group`` ended: ``labels`` as the rule read its answers."""
         part = self._of(group)
         part.in_engine -= 1
-        part.policy.finished(True, labels, group.tripped, group.trip_failed)
+        part.policy.finished(True, labels, group.tripped, group.trip_failed, group.settled)
 
     def admit(self, engine_busy: Callable[[], bool]) -> None:
         """Send the held requests the policies now allow, in order (see the module's docstring
@@ -121,7 +121,7 @@ class EngineSlowStart:
         idle = not engine_busy()
         for part in self.groups.values():
             policy = part.policy
-            policy.learn(part.group.tripped, part.group.trip_failed)  # a trip by a flag ends no request
+            policy.learn(part.group.tripped, part.group.trip_failed, part.group.settled)  # a flag ends no request
             while part.held:
                 if part.group.tripped:
                     self._never_send(part)

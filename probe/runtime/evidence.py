@@ -17,9 +17,7 @@ from probe.runtime.contract import (
     OUTPUT_CAP,
     REASONING,
     REPETITION,
-    Settings,
 )
-from probe.runtime.rule import rule_fires, verdict_open
 from probe.runtime.sidecar import is_count
 
 # finish_reason values that mean "the model did not choose to stop".
@@ -306,13 +304,6 @@ class Tally:
                 self.causes[choice.cause] += 1
         if choices:
             _record_budget(self.max_tokens, max_tokens)
-
-    def fires(self, settings: Settings) -> bool:
-        return rule_fires(self.observed, self.pathological, settings.min_samples, settings.length_ratio)
-
-    def verdict_open(self, settings: Settings, pending: int = 0) -> bool:
-        """Whether evidence from more streamed requests could still bring the verdict sooner (see rule)."""
-        return verdict_open(self.observed, self.pathological, settings.min_samples, settings.length_ratio, pending)
 
     def as_dict(self) -> dict[str, Any]:
         return {

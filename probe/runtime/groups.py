@@ -13,6 +13,7 @@ from probe.runtime.degeneration import LoopDetector
 from probe.runtime.evidence import Tally
 from probe.runtime.gate import SlowStart
 from probe.runtime.inflight import InFlight
+from probe.runtime.rule import Sample
 from probe.runtime.sidecar import json_safe
 
 
@@ -22,6 +23,7 @@ class Group:
 
     key: str
     gen_kwargs: dict[str, Any]
+    sample: Sample = field(default_factory=lambda: Sample(16, 0.75))
     tally: Tally = field(default_factory=Tally)
     tripped: bool = False
     trip_failed: bool = False
@@ -30,17 +32,25 @@ class Group:
     inflight: InFlight = field(default_factory=InFlight)
     # Flagged attempts that failed, by the identity of the prompts lm-eval will retry them with.
     retrying: dict[int, Request] = field(default_factory=dict)
-    # Generations in flight whose outcome the tally has not counted yet (see rule.verdict_open).
-    pending: int = 0
+    # The place of each request not answered yet (see rule), by the object lm-eval passed its
+    # prompts in (kept, so that its id is not reused): a retry passes the same one, and keeps its place.
+    places: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    next_place: int = 0
     # The slow start of its requests in lm-eval's in-process vLLM engine, across the
     # LLM.generate calls they come in (engine_slow_start); None until it applies.
     engine_slow_start: SlowStart | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Its verdict is final without a trip: its sample can neither fire nor grow."""
+        return not self.tripped and self.sample.final and not self.sample.fires()
 
     def summary(self, tasks: set[str]) -> dict[str, Any]:
         return {
             "gen_kwargs": self.gen_kwargs,
             "tasks": sorted(tasks),
             **self.tally.as_dict(),
+            "sample": self.sample.as_dict(),
             "tripped": self.tripped,
             "short_circuited_requests": self.short_circuited,
             "cancelled_in_flight": self.cancelled,
@@ -71,13 +81,13 @@ class Request:
     # different orders (a chat request's max_tokens and max_completion_tokens); None: max_tokens.
     fewest: int | None = None
     observed: bool = False
+    place: int | None = None  # its place in the order its group's requests were sent (see rule)
     # Where its budget comes from: GIVEN by the backend that made it; PREDICTED (lm-eval's own
     # builder's) until the payload it is sent with is READ; UNREADABLE where that payload cannot be
     # read (its builder is none the probe wraps), and then unknown whatever a wrapped builder it
     # calls returns. A prediction still unread when its response comes is unknown too.
     budget_source: str = GIVEN
     cancelled_by_probe: bool = False
-    pending: int = 0  # its generations counted in its group's pending ones
     # What its response said, once observed (None: never observed); the gate learns from it.
     labels: list[str] | None = None
     # The loop detector of each choice fed partial output so far, and the choices it flagged.
@@ -96,6 +106,25 @@ class Request:
         """Every budget the server may use for it (none where it is not known)."""
         return tuple(sorted({b for b in (self.fewest, self.max_tokens) if b is not None}))
 
+    def take_place(self) -> None:
+        """Give it its place in its group's order (a retry of an earlier call keeps that call's)."""
+        group, source = self.group, self.source
+        known = group.places.get(id(source)) if source is not None else None
+        if known is not None and known[0] is source:
+            place = known[1]
+        else:
+            place, group.next_place = group.next_place, group.next_place + 1
+            if source is not None:
+                group.places[id(source)] = (source, place)
+        self.place = place
+        group.sample.join(place, self.n_answers)
+
+    def answered(self) -> None:
+        """It was answered (by the server or blank): no retry of it will come."""
+        known = self.group.places.get(id(self.source)) if self.source is not None else None
+        if known is not None and known[0] is self.source:
+            del self.group.places[id(self.source)]
+
     def task_of_choice(self, index: int) -> str | None:
         tasks = self.tasks or []
         return tasks[index] if 0 <= index < len(tasks) else None
@@ -111,12 +140,21 @@ def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
 class Groups:
     """Every group of one evaluation, in order of first appearance (guarded by its probe's lock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_samples: int = 16, length_ratio: float = 0.75) -> None:
+        self._min_samples, self._length_ratio = min_samples, length_ratio
         self._by_key: dict[str, Group] = {}
         self.first_request_at: float | None = None
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(list(self._by_key.values()))
+        """The groups that made requests (one only told of, by ``expect``, is not yet one)."""
+        return iter([group for group in self._by_key.values() if group.next_place])
+
+    def expect(self, key: str, settings: dict[str, Any], generations: int) -> None:
+        """lm-eval will ask the group of ``key`` for ``generations`` (its sample then knows its end)."""
+        group = self._by_key.get(key)
+        if group is None:
+            group = self._by_key[key] = Group(key, settings, Sample(self._min_samples, self._length_ratio))
+        group.sample.expect(generations)
 
     def get(self, gen_kwargs: Any) -> Group:
         """The group of ``gen_kwargs``, made on first sight."""
@@ -125,5 +163,5 @@ class Groups:
             self.first_request_at = time.time()
         group = self._by_key.get(key)
         if group is None:
-            group = self._by_key[key] = Group(key, settings)
+            group = self._by_key[key] = Group(key, settings, Sample(self._min_samples, self._length_ratio))
         return group

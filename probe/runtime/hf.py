@@ -175,10 +175,11 @@ def _probed_generate_until(original: Callable, huggingface: Any = None) -> Calla
                 probe.errors.report("hf generate_until", error)
         token = _PLAN.set(plan)
         try:
-            # Whole batches in a seeded order: the batches observed first are a uniform sample,
-            # and every batch is lm-eval's, so no row's padding (nor, in bfloat16, its answer) changes.
-            seed = plan.probe.gates.sampling.seed if plan else None
-            with sampled_order(seed, huggingface, whole_batches=True):
+            # A seeded sample of whole batches first: every batch is lm-eval's, so no row's
+            # padding (nor, in bfloat16, its answer) changes.
+            seed = plan.probe.sampling.seed if plan else None
+            reserve = plan.probe.reserve if plan else 0
+            with sampled_order(seed, huggingface, reserve=reserve, whole_batches=True):
                 return original(self, requests, *args, **kwargs)
         finally:
             _PLAN.reset(token)

@@ -1,82 +1,129 @@
-"""lm-eval's request order, replaced by a seeded sample order where the gate cannot choose:
-invasive patches of the ``Collator`` that lm-eval's API models and vLLM backend sort with.
+"""lm-eval's request order with a seeded sample first: invasive patches of the ``Collator``
+that lm-eval's API models, vLLM and Hugging Face backends sort with.
 
-Each sends a group's requests in the order ``Collator`` gives them, longest prompt first: the
-sync path one request at a time, vLLM to an engine that serves the first ones first, and
-every path with ``batch_size > 1`` puts neighbouring prompts in one request, so the first
-observations would be the longest prompts', or blocks of alike ones. While
-:func:`sampled_order` is in effect (on this thread or task), a ``Collator`` made by the
-patched module sorts by a seeded hash of each request's prompt instead
-(``sampling.rank``): a uniform random order, reproducible for a given seed. ``Collator``
-still puts the answers back in lm-eval's order, so no answer moves, and none changes.
+Every backend sends a group's requests in the order ``Collator`` gives them, longest prompt
+first. While :func:`sampled_order` is in effect (on this thread or task), a ``Collator`` made
+by the patched module puts a seeded uniform sample of each group first (the ``reserve`` of
+requests with the smallest seeded hash of their prompt, ``sampling.rank``), then every other
+request in lm-eval's own order. The rule judges the sample (``rule``); the rest keep lm-eval's
+longest-first order, which is also the best for a batch's makespan. ``Collator`` still puts
+the answers back in lm-eval's order, so no answer moves, and none changes.
 
-With ``whole_batches`` (lm-eval's Hugging Face backend, where which prompts share a batch
-decides their padding, and in bfloat16 their answers) the sort is left alone: lm-eval makes
-its batches as it always does, ``batch_fn`` and all, and they run in a seeded order of whole
-batches instead (:func:`batch_order`), their answers put back before ``get_original``.
+With ``whole_batches`` (the Hugging Face backend, where which prompts share a batch decides
+their padding, and in bfloat16 their answers) lm-eval makes its batches as it always does;
+a seeded sample of whole batches runs first (:func:`batch_order`), then the rest in lm-eval's
+order, their answers put back before ``get_original``.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from probe.runtime.groups import group_key
 from probe.runtime.log import say
 from probe.runtime.patching import MARKER, mark, wrap
 from probe.runtime.sampling import rank
 
-# (seed, whole batches) in a sampled_order block; None outside one.
-_SEED: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar(
-    "lm_eval_probe_sampled_order", default=None
-)
+
+@dataclass(frozen=True)
+class _Order:
+    seed: int
+    reserve: int  # requests of each group sent first, as the sample
+    whole_batches: bool
+
+
+# The order of a sampled_order block; None outside one.
+_SEED: contextvars.ContextVar[_Order | None] = contextvars.ContextVar("lm_eval_probe_sampled_order", default=None)
 
 
 @contextmanager
-def sampled_order(seed: int | None, module: Any = None, *, whole_batches: bool = False) -> Iterator[None]:
-    """Collators made in the block sort by ``seed`` (None: as lm-eval says), or with
-    ``whole_batches`` keep lm-eval's batches and run them in an order drawn from ``seed``.
-    With a seed, ``module.Collator`` is patched first if it is not ours: a pipeline may have
-    replaced it after the probe installed, and its requests would go in lm-eval's order again."""
+def sampled_order(
+    seed: int | None, module: Any = None, *, reserve: int = 64, whole_batches: bool = False
+) -> Iterator[None]:
+    """Collators made in the block send a seeded sample of ``reserve`` requests of each group
+    first (``seed`` None: lm-eval's order), or with ``whole_batches`` a seeded sample of whole
+    batches. With a seed, ``module.Collator`` is patched first if it is not ours: a pipeline may
+    have replaced it after the probe installed, and its requests would go in lm-eval's order again."""
     if seed is not None and module is not None:
         install_order(module)
-    token = _SEED.set(None if seed is None else (seed, whole_batches))
+    token = _SEED.set(None if seed is None else _Order(seed, reserve, whole_batches))
     try:
         yield
     finally:
         _SEED.reset(token)
 
 
-def _sample_key(seed: int, request: Any, copy: int = 0) -> int:
+def _prompt(request: Any) -> str:
     # lm-eval's requests are (prompt, gen_kwargs, ...) tuples; the prompt alone decides, so the
-    # order does not depend on the order lm-eval passed them in.
-    prompt = request[0] if isinstance(request, tuple) and request else request
-    return rank(seed, f"{prompt!r}\0{copy}" if copy else repr(prompt))
+    # sample does not depend on the order lm-eval passed them in.
+    return repr(request[0] if isinstance(request, tuple) and request else request)
 
 
-def _sample_sort(seed: int) -> Callable[[Any], int]:
-    """A ``sort_fn`` in the sampled order. The n-th copy of a prompt (lm-eval's ``repeats``
-    pass one prompt many times) gets a key of its own: keyed by the prompt alone, the copies
-    sort next to each other, and the first observations are one prompt many times over."""
+def _group(request: Any) -> str:
+    settings = request[-1] if isinstance(request, tuple) and request else None
+    return group_key(settings)[0] if isinstance(settings, Mapping) else ""
+
+
+def sample_ranks(seed: int, requests: Sequence[Any]) -> list[int]:
+    """A seeded rank of each request. The n-th copy of a prompt (lm-eval's ``repeats`` pass one
+    prompt many times) gets a rank of its own, so copies are spread, not sent together."""
     copies: dict[str, int] = {}
-
-    def key(request: Any) -> int:
-        prompt = repr(request[0] if isinstance(request, tuple) and request else request)
+    ranks = []
+    for request in requests:
+        prompt = _prompt(request)
         copy = copies[prompt] = copies.get(prompt, -1) + 1
-        return _sample_key(seed, request, copy)
+        ranks.append(rank(seed, f"{prompt}\0{copy}" if copy else prompt))
+    return ranks
+
+
+def sample_members(seed: int, requests: Sequence[Any], reserve: int) -> set[int]:
+    """The indices of the sample: in each group (its generation settings), the ``reserve``
+    requests of smallest seeded rank, a uniform random subset whatever the order given."""
+    ranks = sample_ranks(seed, requests)
+    by_group: dict[str, list[int]] = {}
+    for i, request in enumerate(requests):
+        by_group.setdefault(_group(request), []).append(i)
+    return {i for members in by_group.values() for i in sorted(members, key=ranks.__getitem__)[:reserve]}
+
+
+def _sample_first(order: _Order, arr: Sequence[Any], original: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """A ``sort_fn`` that puts the sample first, in seeded order, then the rest as ``original`` sorts them."""
+    if not isinstance(arr, Sequence):
+        raise TypeError(f"requests given as {type(arr).__name__}, not a sequence")
+    ranks = sample_ranks(order.seed, arr)
+    members = sample_members(order.seed, arr, order.reserve)
+    keys: dict[int, list[tuple]] = {}
+    for i, request in enumerate(arr):
+        keys.setdefault(id(request), []).append((0, ranks[i]) if i in members else None)
+
+    def key(request: Any) -> tuple:
+        made = keys.get(id(request))
+        found = made.pop(0) if made else None
+        if found is not None:
+            return found
+        return (1, original(request) if original is not None else 0)
 
     return key
 
 
-def batch_order(seed: int, batches: Sequence[Sequence[Any]]) -> list[int]:
-    """The order to run ``batches`` in (their indices): by a seeded key of each batch's first
-    request, drawn independently of the batch's size, so a uniform random permutation of the
-    batches. With one request a batch it is the order that sorting by ``_sample_sort`` gives."""
-    key = _sample_sort(seed)
-    keys = [key(batch[0]) if batch else 0 for batch in batches]
-    return sorted(range(len(batches)), key=keys.__getitem__)
+def batch_order(seed: int, batches: Sequence[Sequence[Any]], reserve: int = 64) -> list[int]:
+    """The order to run ``batches`` in (their indices): a seeded sample of whole batches first
+    (drawn by a seeded key of each batch's first request, independent of its size, until each
+    group has ``reserve`` requests in it), then the others in lm-eval's order."""
+    keys = sample_ranks(seed, [batch[0] if batch else None for batch in batches])
+    drawn: list[int] = []
+    held: dict[str, int] = {}
+    for b in sorted(range(len(batches)), key=keys.__getitem__):
+        group = _group(batches[b][0]) if batches[b] else ""
+        if held.get(group, 0) < reserve:
+            held[group] = held.get(group, 0) + len(batches[b])
+            drawn.append(b)
+    chosen = set(drawn)
+    return drawn + [b for b in range(len(batches)) if b not in chosen]
 
 
 @dataclass
@@ -84,12 +131,13 @@ class BatchOrder:
     """One Collator's batches run in the seeded order, and its answers put back in lm-eval's."""
 
     seed: int
+    reserve: int
     positions: list[int] = field(default_factory=list)  # lm-eval's index of each request run, in the order run
 
     def run(self, batches: Iterable[list]) -> Iterator[list]:
         made = list(batches)  # lm-eval's batches, made in its own order (batch_fn sees that order)
         try:
-            order = batch_order(self.seed, made)
+            order = batch_order(self.seed, made, self.reserve)
         except Exception as error:  # never break the run: lm-eval's order, said
             say(f"cannot order lm-eval's batches ({error!r}); they run in lm-eval's order")
             order = list(range(len(made)))
@@ -114,9 +162,9 @@ def _in_batch_order(collator: Any) -> Any:
     """``collator``, made in a whole-batches block, running its batches in the seeded order.
     ``get_original`` is replaced first: without the new ``get_batched`` it changes nothing."""
     order = _SEED.get()
-    if order is None or not order[1]:
+    if order is None or not order.whole_batches:
         return collator
-    batches = BatchOrder(order[0])
+    batches = BatchOrder(order.seed, order.reserve)
     get_batched, get_original = collator.get_batched, collator.get_original
     try:
         collator.get_original = lambda answers: get_original(batches.restore(answers))
@@ -126,13 +174,18 @@ def _in_batch_order(collator: Any) -> Any:
     return collator
 
 
-def _sorted_by_sample(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A ``Collator``'s arguments with its ``sort_fn`` (first after ``arr``) replaced, in a
-    block that sorts (not one of whole batches)."""
+def _sorted_by_sample(arr: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A ``Collator``'s arguments with its ``sort_fn`` (first after ``arr``) replaced by one that
+    puts the sample first, in a block that sorts (not one of whole batches)."""
     order = _SEED.get()
-    if order is None or order[1]:
+    if order is None or order.whole_batches:
         return args, kwargs
-    key = _sample_sort(order[0])
+    try:
+        original = args[0] if args else kwargs.get("sort_fn")
+        key = _sample_first(order, arr, original)
+    except Exception as error:  # never break the run: lm-eval's order, said
+        say(f"cannot put a sample of lm-eval's requests first ({error!r}); they go in lm-eval's order")
+        return args, kwargs
     if args:
         return (key, *args[1:]), kwargs
     return args, {**kwargs, "sort_fn": key}
@@ -144,14 +197,14 @@ def sampled_collator(original: Any) -> Any:
     if not isinstance(original, type):
 
         def collator(arr: Any, *args: Any, **kwargs: Any) -> Any:
-            args, kwargs = _sorted_by_sample(args, kwargs)
+            args, kwargs = _sorted_by_sample(arr, args, kwargs)
             return _in_batch_order(original(arr, *args, **kwargs))
 
         return mark(collator, original)
 
     class Collator(original):  # type: ignore[misc, valid-type]
         def __init__(self, arr: Any, *args: Any, **kwargs: Any) -> None:
-            args, kwargs = _sorted_by_sample(args, kwargs)
+            args, kwargs = _sorted_by_sample(arr, args, kwargs)
             super().__init__(arr, *args, **kwargs)
             _in_batch_order(self)
 

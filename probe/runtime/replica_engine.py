@@ -75,6 +75,10 @@ class Replica:
         loop detector, which judges it with the rest of the run."""
         self._write({"i": self.place[id(request)], "partial": index, "text": text})
 
+    def worth_streaming(self, request: Request) -> bool:
+        """Whether to read its partial output: the driver decided for the whole call (``watch``)."""
+        return True
+
     def blanks(self, request: Request, cancelled: bool = False) -> list[str]:
         self._write({"i": self.place[id(request)], "blank": True})
         return blanks(request.n_answers)

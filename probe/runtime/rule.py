@@ -1,15 +1,25 @@
-"""The trip rule: enough observations, and enough of them pathological (pure)."""
+"""The trip rule and the sample it judges (pure).
+
+A group's requests get places in the order they are sent. The backends send a seeded uniform
+sample first (``order``), so the first places are that sample, whatever order lm-eval chose.
+The rule judges the first places that hold ``size`` generations, and counts each once,
+by its outcome: pathological, healthy, or not known yet (counted as healthy). It fires once
+MIN_SAMPLES outcomes are known and at least LENGTH_RATIO of the sample is pathological, so
+only where the sample would fire once every outcome is known: the order in which
+outcomes arrive (flags before endings, short answers before long ones) cannot trip a run.
+The sample grows by ``step`` generations while it leans pathological and every outcome is
+known, up to ``limit`` (the reserve the backends send first). docs/rule.md gives the
+trip-probability table and why it holds.
+"""
 
 from __future__ import annotations
 
-# Streamed evidence is worth its cost while the pathological share is at least this fraction of
-# the trip ratio (see verdict_open).
+from dataclasses import dataclass, field
+
+# The sample grows while its pathological share is at least this fraction of the trip ratio.
 REACH = 0.5
-# The fewest observations whose share may close the verdict, whatever MIN_SAMPLES says: healthy
-# answers that end soon come back before the loops streamed beside them are flagged, and with
-# MIN_SAMPLES=1 a single early stop closed it while the slow start let a whole wave out unstreamed
-# (a model looping on 80% of prompts then tripped on the cap, not on its loops).
-CLOSE_AFTER = 16
+# A sample grows to at most this many times its first size (the reserve sent first).
+GROWTH = 4
 
 
 def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio: float) -> bool:
@@ -23,23 +33,161 @@ def rule_fires(observed: int, pathological: int, min_samples: int, length_ratio:
     return pathological >= length_ratio * observed - 1e-9
 
 
-def verdict_open(observed: int, pathological: int, min_samples: int, length_ratio: float, pending: int = 0) -> bool:
-    """Whether the rule's verdict is still open: fewer than ``min_samples`` (and than
-    ``CLOSE_AFTER``) observed, or, counting each of the ``pending`` generations in flight whose
-    outcome is not counted yet as pathological, a share of at least ``REACH`` of the ratio, or
-    one more pathological observation would fire the rule.
+def sample_sizes(min_samples: int) -> tuple[int, int, int]:
+    """(first, step, limit): the generations a sample starts with, grows by, and grows to."""
+    return min_samples, max(1, min_samples // 4), GROWTH * min_samples
 
-    Pending means streamed or not: sent unstreamed, a loop shows only at the cap; streamed, only
-    once the detector has read enough of it, long after a healthy answer beside it has ended.
-    Counting them all keeps the early stops from closing the verdict on the loops in flight.
 
-    A closed verdict cannot fire before it reopens, whatever the pending generations turn out
-    to be: not on the next observation, and on the way to a trip the share climbs past
-    ``REACH * length_ratio``, where it is open again.
-    """
-    if observed < max(min_samples, CLOSE_AFTER):
-        return True
-    observed, pathological = observed + pending, pathological + pending
-    if pathological >= REACH * length_ratio * observed - 1e-9:
-        return True
-    return rule_fires(observed + 1, pathological + 1, min_samples, length_ratio)
+@dataclass
+class Sample:
+    """The places of one group that the rule judges, and their outcomes."""
+
+    min_samples: int
+    length_ratio: float
+    size: int = 0  # generations in the sample now (0: from sample_sizes), its first places' (see _places)
+    step: int = 0
+    limit: int = 0
+    # place -> the outcome of each of its generations: True pathological, False healthy,
+    # None not known yet.
+    outcomes: dict[int, list[bool | None]] = field(default_factory=dict)
+    expected: int | None = None  # the generations lm-eval will ask of the group (None: not told)
+    made: int = 0  # the generations of every place made so far
+    _beyond: set[int] = field(default_factory=set, repr=False)  # places made past the limit
+
+    def __post_init__(self) -> None:
+        first, step, limit = sample_sizes(self.min_samples)
+        self.size, self.step, self.limit = self.size or first, self.step or step, self.limit or limit
+
+    def expect(self, generations: int) -> None:
+        """lm-eval will ask the group for ``generations`` more (a sample never waits for more)."""
+        self.expected = (self.expected or 0) + generations
+        self._grow()
+
+    def join(self, place: int, generations: int) -> None:
+        """The request at ``place`` was made, with ``generations`` answers (a retry keeps its outcomes)."""
+        if place not in self.outcomes and place not in self._beyond:
+            self.made += max(1, generations)
+            if place < self.limit:  # a place past the limit is never judged: only counted
+                self.outcomes[place] = [None] * max(1, generations)
+            else:
+                self._beyond.add(place)
+
+    def worth_watching(self, place: int | None) -> bool:
+        """Whether the partial output of the request at ``place`` may bring the verdict sooner:
+        the sample's verdict is not final, and the rule judges it now, or may once the sample
+        grows (the outcomes known so far lean pathological)."""
+        if place is None or self.final or place >= self._places(self.limit)[0]:
+            return False
+        if place < self._places(self.size)[0]:
+            return True
+        _, known, pathological = self.counts()
+        return known > 0 and pathological >= REACH * self.length_ratio * known - 1e-9
+
+    def record(self, place: int | None, index: int, pathological: bool) -> None:
+        """The outcome of generation ``index`` at ``place`` (a later one replaces an earlier:
+        a flag withdrawn when its generation stops on its own)."""
+        outcomes = self.outcomes.get(place) if place is not None else None
+        if outcomes is None or not 0 <= index < len(outcomes):
+            return
+        outcomes[index] = pathological
+        self._grow()
+
+    def _places(self, generations: int) -> tuple[int, int]:
+        """(the places, in order, that cover the first ``generations`` of the group, those of them
+        not made yet). A place not made yet counts as one generation while lm-eval will still ask
+        for one (as far as it told: ``expect``), and ends the count otherwise."""
+        covered = place = missing = 0
+        to_come = max(0, self.expected - self.made) if self.expected is not None else None
+        while covered < generations:
+            outcomes = self.outcomes.get(place)
+            if outcomes is None:
+                if to_come is not None and missing >= to_come:
+                    break
+                missing += 1
+            covered += len(outcomes) if outcomes is not None else 1
+            place += 1
+        return place, missing
+
+    def counts(self) -> tuple[int, int, int]:
+        """(generations, known, pathological) over the sample's places (see ``_places``)."""
+        places, missing = self._places(self.size)
+        generations, known, pathological = missing, 0, 0
+        for place in range(places):
+            outcomes = self.outcomes.get(place)
+            if outcomes is not None:
+                generations += len(outcomes)
+                known += sum(o is not None for o in outcomes)
+                pathological += sum(o is True for o in outcomes)
+        return generations, known, pathological
+
+    def fires(self) -> bool:
+        """The rule: at least MIN_SAMPLES outcomes of the sample known, and at least LENGTH_RATIO
+        of its generations pathological, those not known yet counted as healthy."""
+        generations, known, pathological = self.counts()
+        return known >= self.min_samples and rule_fires(generations, pathological, self.min_samples, self.length_ratio)
+
+    @property
+    def complete(self) -> bool:
+        """Every outcome of the sample is known: its verdict is final (it fired, or never will)."""
+        generations, known, _ = self.counts()
+        return known == generations
+
+    @property
+    def final(self) -> bool:
+        """Its verdict cannot change: it fired, or it can neither fire nor grow, whatever the
+        outcomes not known yet turn out to be."""
+        if self.fires():
+            return True
+        generations, known, pathological = self.counts()
+        at_most = pathological + generations - known
+        needed = self.length_ratio if self.size >= self.limit else REACH * self.length_ratio
+        return at_most < needed * generations - 1e-9
+
+    def _leans(self) -> bool:
+        generations, _, pathological = self.counts()
+        return pathological >= REACH * self.length_ratio * generations - 1e-9
+
+    def _grow(self) -> None:
+        while self.complete and self.size < self.limit and not self.fires() and self._leans():
+            self.size = min(self.limit, self.size + self.step)
+
+    def as_dict(self) -> dict[str, object]:
+        generations, known, pathological = self.counts()
+        return {
+            "places": self._places(self.size)[0],
+            "generations": generations,
+            "known": known,
+            "pathological": pathological,
+            "complete": known == generations,
+        }
+
+
+def trip_probability(p: float, min_samples: int, length_ratio: float) -> float:
+    """The probability that the rule trips a group whose generations are each pathological with
+    probability ``p``, independently: exact, over the sizes the sample passes through. It does
+    not depend on the order outcomes arrive in (see the module's docstring)."""
+    first, step, limit = sample_sizes(min_samples)
+    alive = _binomial(first, p)  # alive[k]: P(k pathological among the sample, still open)
+    size, tripped = first, 0.0
+    while True:
+        grows = size < limit
+        nxt = [0.0] * (len(alive))
+        for k, weight in enumerate(alive):
+            if rule_fires(size, k, min_samples, length_ratio):
+                tripped += weight
+            elif grows and k >= REACH * length_ratio * size - 1e-9:
+                nxt[k] += weight
+        if not grows or not any(nxt):
+            return tripped
+        added = min(limit, size + step) - size
+        alive = [0.0] * (len(nxt) + added)
+        for k, weight in enumerate(nxt):
+            for j, chance in enumerate(_binomial(added, p)):
+                alive[k + j] += weight * chance
+        size += added
+
+
+def _binomial(n: int, p: float) -> list[float]:
+    from math import comb
+
+    return [comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]

@@ -30,11 +30,13 @@ from probe.runtime.contract import (
     sidecar_path,
 )
 from probe.runtime.degeneration import THINKING_ENDS, LoopDetector
-from probe.runtime.evidence import describe_choices, stopped_on_its_own
+from probe.runtime.evidence import describe_choices, is_pathological, stopped_on_its_own
 from probe.runtime.gate import Gates
 from probe.runtime.groups import GIVEN, PREDICTED, READ, UNREADABLE, Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
 from probe.runtime.ownership import SidecarOwnership
+from probe.runtime.rule import sample_sizes
+from probe.runtime.sampling import Sampling
 from probe.runtime.sidecar import TripContext, public_url, trip_document
 from probe.runtime.tasks import TaskBook
 from probe.runtime.versions import lm_eval_version
@@ -50,13 +52,19 @@ class Probe:
         # starts a run of its own, a default scope joins the run that started this process.
         self.evaluation = evaluation
         self._run_id: str | None = run_id(fresh=True) if evaluation else None
-        self.groups = Groups()
+        self.groups = Groups(settings.min_samples, settings.length_ratio)
         self.tasks = TaskBook()
         self.loglikelihood_requests = 0
         self.backends: set[str] = set()  # lm-eval's backends seen making generate requests
         self.ownership = SidecarOwnership()
         self.errors = ErrorReports()
         self.gates = Gates(settings)
+        self.sampling = Sampling()
+
+    @property
+    def reserve(self) -> int:
+        """How many requests of each group are sent first, as the sample the rule may judge."""
+        return sample_sizes(self.settings.min_samples)[2]
 
     @property
     def run_id(self) -> str:
@@ -73,13 +81,16 @@ class Probe:
     def register(self, requests: Any) -> None:
         """Note the task of every generate request lm-eval hands the model (its Instances)."""
         self.run_id  # noqa: B018 - settle the identity before the requests start workers
-        entries = []
+        entries, groups = [], {}
         for instance in requests:
             args = getattr(instance, "args", ())
-            gen_kwargs = args[1] if len(args) > 1 else {}
-            entries.append((args[0] if args else None, group_key(gen_kwargs)[0], getattr(instance, "task_name", None)))
+            key, settings = group_key(args[1] if len(args) > 1 else {})
+            entries.append((args[0] if args else None, key, getattr(instance, "task_name", None)))
+            groups.setdefault(key, [settings, 0])[1] += 1
         with self.lock:
             self.tasks.register(entries)
+            for key, (settings, generations) in groups.items():
+                self.groups.expect(key, settings, generations)
 
     def request(
         self,
@@ -90,21 +101,26 @@ class Probe:
         backend: str = "api",
         tasks: list[str | None] | None = None,
         budget_source: str = GIVEN,
+        source: Any = None,
     ) -> Request:
         """One generate request for ``prompts`` (as lm-eval passes them), in its group, made by
         ``backend`` for the model ``lm`` (only its name and address are kept); each prompt's
         task is taken from the task book when needed, unless the backend knows ``tasks``.
         ``max_tokens``: its budget, or a tuple of the budgets the server may use (it names two),
-        as ``budget_source`` says (``Request.budget_source``)."""
+        as ``budget_source`` says (``Request.budget_source``). It takes the next place in its group's
+        order (``rule``); ``source``, the object lm-eval passed the prompts in, lets a retry keep its place."""
+        largest, fewest, is_evidence = self._judged(max_tokens)
+        model = getattr(lm, "model", None)
         with self.lock:
             group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
-        largest, fewest, is_evidence = self._judged(max_tokens)
-        model = getattr(lm, "model", None)
-        return Request(
-            group, list(prompts), largest, is_evidence, model if isinstance(model, str) else None,
-            public_url(getattr(lm, "base_url", None)), backend, tasks, fewest, budget_source=budget_source,
-        )  # fmt: skip
+            request = Request(
+                group, list(prompts), largest, is_evidence, model if isinstance(model, str) else None,
+                public_url(getattr(lm, "base_url", None)), backend, tasks, fewest, budget_source=budget_source,
+                source=source,
+            )  # fmt: skip
+            request.take_place()
+        return request
 
     def budget_sent(self, request: Request, max_tokens: Any) -> None:
         """The budget ``request`` is sent with, read off its payload as it was built: it replaces
@@ -175,6 +191,7 @@ class Probe:
         """The blank answers of a short-circuited request (``cancelled`` in flight, or
         never sent), counted in its group and its tasks."""
         with self.lock:
+            request.answered()
             request.group.short_circuited += 1
             request.group.cancelled += cancelled
             for task in self._tasks_of_request(request):
@@ -184,29 +201,19 @@ class Probe:
         return blanks(request.n_answers)
 
     def worth_streaming(self, request: Request) -> bool:
-        """Whether ``request`` should be streamed, its partial output read as it comes: under
-        HYPERLOOM_EVAL_PROBE_STREAM=on always; under ``auto`` while its group's verdict is open
-        (``rule.verdict_open``), since a stream costs the server an event per token. Either way
-        its generations not yet counted are pending in its group: until flagged, observed or
-        :meth:`ended`."""
+        """Whether ``request``'s partial output should be read as it comes (streamed from a
+        server, or reported by vLLM's engine): under HYPERLOOM_EVAL_PROBE_STREAM=on always; under
+        ``auto`` only where its sample's verdict may come sooner by it (``Sample.worth_watching``),
+        since a stream costs the server and the probe an event per token."""
+        if self.settings.stream == "on":
+            return True
         with self.lock:
-            group = request.group
-            stream = self.settings.stream == "on" or group.tally.verdict_open(self.settings, group.pending)
-            request.pending = request.n_answers - len(request.flagged)  # a retry's flags are counted
-            group.pending += request.pending
-            return stream
+            return request.group.sample.worth_watching(request.place)
 
-    def ended(self, request: Request) -> None:
-        """``request``'s call is over (answered, failed or cancelled): none of it is pending."""
+    def settled(self, group: Group) -> bool:
+        """Whether ``group``'s verdict is final without a trip: its sample can neither fire nor grow."""
         with self.lock:
-            self._settle(request)
-
-    @staticmethod
-    def _settle(request: Request, n: int | None = None) -> None:
-        """``n`` of ``request``'s pending generations (all, by default) are no longer pending."""
-        n = request.pending if n is None else min(n, request.pending)
-        request.pending -= n
-        request.group.pending -= n
+            return group.settled
 
     def partial(self, request: Request, index: int, text: str, answering: bool = False) -> None:
         """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
@@ -252,13 +259,12 @@ class Probe:
                 return
             del request.detectors[index]
             request.flagged.add(index)
-            self._settle(request, 1)
             self._tasks_of_request(request)
             self.tasks.of(request.task_of_choice(index)).flagged += 1
             group = request.group
             group.tally.flag(request.budgets)
-            if not group.tripped and not group.trip_failed and group.tally.fires(settings):
-                self._trip(group, request)
+            group.sample.record(request.place, index, True)
+            self._judge(group, request)
 
     def _new_detector(self) -> LoopDetector:
         settings = self.settings
@@ -300,14 +306,18 @@ class Probe:
             if request.observed:  # observed meanwhile by another thread
                 return
             request.observed = True
+            request.answered()
             watched = set(request.detectors)  # the choices whose output the detector has read
             request.detectors.clear()
-            self._settle(request)
             self._tasks_of_request(request)
             for choice in choices:
                 task = request.task_of_choice(choice.index)
                 flagged = choice.index in request.flagged
                 self.tasks.of(task).add(choice, request.budgets, request.is_evidence, flagged, choice.index in watched)
+            read = {choice.index for choice in choices}
+            for index in range(request.n_answers):  # nothing to judge: healthy for the sample
+                if index not in read or not request.is_evidence:
+                    group.sample.record(request.place, index, False)
             if not request.is_evidence:
                 return
             # A flag is provisional: a flagged generation that then stopped on its own was no loop.
@@ -319,8 +329,15 @@ class Probe:
             # choice is the pathological outcome it was flagged as.
             request.labels = [REPETITION if c.index in request.flagged else c.rule_label for c in choices]
             group.tally.add_choices([c for c in choices if c.index not in request.flagged], request.budgets)
-            if not group.tripped and not group.trip_failed and group.tally.fires(self.settings):
-                self._trip(group, request)
+            for choice in choices:
+                pathological = choice.index in request.flagged or is_pathological(choice.rule_label)
+                group.sample.record(request.place, choice.index, pathological)
+            self._judge(group, request)
+
+    def _judge(self, group: Group, request: Request) -> None:
+        """Trip ``group`` when the rule fires on its sample (under the lock)."""
+        if not group.tripped and not group.trip_failed and group.sample.fires():
+            self._trip(group, request)
 
     def _trip(self, group: Group, request: Request) -> None:
         path = os.path.abspath(sidecar_path())
@@ -392,7 +409,7 @@ class Probe:
                 "pid": os.getpid(),
                 "settings": self.settings.as_dict(),
                 "settings_fingerprint": settings_fingerprint(self.settings),
-                "sampling": self.gates.sampling.as_dict(),
+                "sampling": self.sampling.as_dict(),
                 "tripped": bool(tripped_groups),
                 "sidecar": self.ownership.path,
                 "tasks": dict(sorted(tasks.items())),
@@ -404,11 +421,12 @@ class Probe:
 
 def _evidence(group: Group) -> str:
     tally = group.tally
+    generations, _, pathological = group.sample.counts()
     caps = ",".join(str(m) for m in sorted(tally.max_tokens)) or "not recorded"
     what = cause_words(main_cause(tally.causes))[0]
     flagged = f"; {tally.flagged} flagged looping before they ended" if tally.flagged else ""
     return (
-        f"{tally.pathological}/{tally.observed} generations {what} "
+        f"{pathological} of the {generations} sampled generations {what} "
         f"(finish reasons {dict(tally.reasons)}{flagged}) at max_tokens={caps}"
     )
 

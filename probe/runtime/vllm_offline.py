@@ -108,10 +108,10 @@ class EngineCall:
     read_at: dict[tuple[int, int], int] = field(default_factory=dict)  # (prompt, choice): tokens when last read
     slow: EngineSlowStart | None = None  # None: every request goes to the engine when LLM.generate adds it
 
-    def sampling_params(self, params: Any) -> Any:
-        """The parameters to give the engine for the next of this call's prompts: a copy that
-        reports partial outputs where allowed, else ``params`` (said once)."""
-        if not self.watch:
+    def sampling_params(self, params: Any, request: Request) -> Any:
+        """The parameters to give the engine for ``request``: a copy that reports partial outputs
+        where allowed and worth it (``Probe.worth_streaming``), else ``params`` (said once)."""
+        if not (self.watch and self.probe.worth_streaming(request)):
             return params
         watched, why = watched_params(params)
         if why:
@@ -259,8 +259,8 @@ def _probed_generate_until(original: Callable, vllm_causallms: Any = None) -> Ca
                 probe.errors.report("vllm generate_until", error)
         token = _PROMPTS.set(prompts)
         try:
-            seed = probe.gates.sampling.seed if probe is not None and prompts is not None else None
-            with sampled_order(seed, vllm_causallms):
+            seed = probe.sampling.seed if probe is not None and prompts is not None else None
+            with sampled_order(seed, vllm_causallms, reserve=probe.reserve if probe is not None else 0):
                 return original(self, requests, *args, **kwargs)
         finally:
             _PROMPTS.reset(token)
@@ -390,10 +390,10 @@ def _recording_add_request(original: Callable) -> Callable:
         ours = call is not None and call.engine is self and len(call.ids) < len(call.requests)
         if not ours:
             return original(self, request_id, *args, **kwargs)
-        args, kwargs = _with_watched_params(call, args, kwargs)
-        add = partial(original, self, request_id, *args, **kwargs)
         place = len(call.ids)
         request = call.requests[place]
+        args, kwargs = _with_watched_params(call, request, args, kwargs)
+        add = partial(original, self, request_id, *args, **kwargs)
         if call.slow is not None and not call.slow.offer(place, request.group, add, request.is_evidence):
             call.ids.append(str(request_id))
             return str(request_id)  # held: the id LLM.generate gave it, as the engine returns it
@@ -419,14 +419,14 @@ def _counting_held(original: Callable) -> Callable:
     return mark(get_num_unfinished_requests, original)
 
 
-def _with_watched_params(call: EngineCall, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def _with_watched_params(call: EngineCall, request: Request, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``add_request``'s arguments after the request id, with the sampling parameters (the
-    second, ``params``) swapped for the call's own copy; as given when that fails."""
+    second, ``params``) swapped for the call's own copy for ``request``; as given when that fails."""
     try:
         if len(args) >= 2:
-            return (args[0], call.sampling_params(args[1]), *args[2:]), kwargs
+            return (args[0], call.sampling_params(args[1], request), *args[2:]), kwargs
         if "params" in kwargs:
-            return args, {**kwargs, "params": call.sampling_params(kwargs["params"])}
+            return args, {**kwargs, "params": call.sampling_params(kwargs["params"], request)}
     except Exception as error:
         call.probe.errors.report("vllm add_request", error)
     return args, kwargs
