@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from probe.runtime.contract import Settings
-from probe.runtime.degeneration import UNIT_CHARS, LoopDetector
+from probe.runtime.degeneration import CERTAIN_UNITS, UNIT_CHARS, LoopDetector
 
 # Pure: does not depend on the lm-eval release; run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent
@@ -94,6 +94,43 @@ def test_an_exact_cycle_is_flagged_within_its_documented_bound(n_words, seed, le
     found.feed(before + one_cycle * (2 + 2 * DEFAULTS.detector_window // period) + " ")
     assert found.flagged
     assert found.flagged_at - units_of(before) <= found.flag_bound(period)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n_words=st.integers(1, 60),
+    seed=st.integers(0, 10**6),
+    lead=st.integers(0, 300),
+    repeats=st.integers(1, 8),
+    separators=st.lists(SEPARATORS, min_size=1, max_size=3),
+)
+def test_an_exact_cycle_is_certain_within_its_documented_bound(n_words, seed, lead, repeats, separators) -> None:
+    # With the defaults' REPEATS or any other: the flag becomes certain (it counts for the rule)
+    # at most certain_bound(period) units after the cycle starts, whatever came before.
+    rng = random.Random(seed)
+    words = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 9))) for _ in range(n_words)
+    ]
+    one_cycle = cycle_text(words, separators, 1)
+    period = units_of(one_cycle * 2) - units_of(one_cycle)
+    if period > DEFAULTS.detector_window:
+        return
+    before = prose(seed, lead) + " " if lead else ""
+    found = detector(repeats=repeats)
+    enough = 2 + (period + DEFAULTS.detector_ngram + CERTAIN_UNITS + repeats * period) // period
+    found.feed(before + one_cycle * enough + " ")
+    assert found.certain and found.flagged_at <= found.certain_at
+    assert found.certain_at - units_of(before) <= found.certain_bound(period)
+
+
+@pytest.mark.parametrize("records", [4, 8, 12])
+def test_a_list_of_records_that_ends_is_flagged_at_most_never_certain(records: int) -> None:
+    """A healthy answer that repeats a block (records, a table's rows) and then ends: a flag may
+    come (provisional), but not its certainty, so it never counts for the trip rule."""
+    row = '  {"id": 7, "type": "book", "status": "available", "tags": ["new", "sale"], "shelf": "A"},\n'
+    found = detector(repeats=DEFAULTS.detector_repeats)
+    found.feed("[\n" + row * records + "]\nTotal: 12 books, all of them available.")
+    assert not found.certain
 
 
 @settings(max_examples=60, deadline=None)

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 from lm_eval.api.instance import Instance
 from support.lm import completions, prompts
-from support.probed import GEN_KWARGS, HEALTHY, LOOP, MAX_TOKENS, loop_until_flagged, probe_with_requests, response
+from support.probed import (
+    GEN_KWARGS,
+    HEALTHY,
+    LOOP,
+    MAX_TOKENS,
+    loop_until_certain,
+    loop_until_flagged,
+    probe_with_requests,
+    response,
+)
 
 from probe.runtime import contract
 from probe.runtime.evidence import is_pathological
@@ -85,6 +94,8 @@ def test_min_samples_flags_trip_the_group_before_any_generation_ends(result_dir:
         await asyncio.sleep(0)
         for number, request in enumerate(requests[:min_samples], 1):
             loop_until_flagged(probe, request)
+            assert not request.group.tripped  # a flag alone is provisional
+            loop_until_certain(probe, request)
             assert request.group.tripped is (number == min_samples)
         await asyncio.gather(*waiting, return_exceptions=True)
         return waiting
@@ -103,10 +114,10 @@ def test_min_samples_flags_trip_the_group_before_any_generation_ends(result_dir:
 
 
 def test_flags_and_endings_add_up_in_the_rule(result_dir: Path) -> None:
-    # 12 flagged loops and 4 generations at the cap: 16 observations, all pathological.
+    # 12 loops flagged for certain and 4 generations at the cap: 16 observations, all pathological.
     probe, requests = probe_with_requests(40)
     for request in requests[:12]:
-        loop_until_flagged(probe, request)
+        loop_until_certain(probe, request)
     for request in requests[12:15]:
         probe.observe(request, response("length", MAX_TOKENS))
     assert not requests[0].group.tripped

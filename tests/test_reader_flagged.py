@@ -40,7 +40,7 @@ def _run(result_dir: Path, flag: int, stop_after_flag: int = 0) -> Probe:
     lm = completions("http://127.0.0.1:9")
     requests = [probe.request(lm, GEN_KWARGS, [text], 4096) for text in texts]
     for request in requests[:flag]:
-        while not request.flagged:
+        while not request.certain:  # a flag counts for the rule once certain
             probe.partial(request, 0, LOOP)
     for request in requests[:stop_after_flag]:
         probe.observe(request, {"choices": [{"index": 0, "text": "42", "finish_reason": "stop"}]})

@@ -85,6 +85,8 @@ from typing import Any
 
 from aiohttp import web
 
+from probe.runtime.degeneration import THINKING_ENDS
+
 LOOPS = ("loop_short", "loop_paragraph", "loop_near", "random")
 MODES = (
     "never_stop", "healthy", "mixed", "repetition", "window", "hidden_cap", "reasoning", "empty", "malformed", *LOOPS,
@@ -94,6 +96,9 @@ STREAM_QUIRKS = (
     "one_event", "busy_once", "held_open", "stall_mid", "drop_mid", "drop_after_last", "drop_once",
     "unlabelled", "so_far", "deep_event",
 )  # fmt: skip
+# Healthy answers that repeat a block, as real ones do (a restated function, a chorus, JSON records,
+# a table's cells): each ends with the healthy answer, and stops on its own.
+SHAPES = ("restated", "chorus", "json", "table")
 # Seconds between two chunks of a streamed choice on the token clock (vLLM sends one per
 # engine step; coalescing keeps the simulated server's own cost small at C=64).
 STREAM_TICK = 0.01
@@ -187,6 +192,8 @@ class SimServer:
         cap_loop: str | None = None,
         turn_after: int | None = None,
         default_max_tokens: int | None = None,
+        shape: str | None = None,
+        shape_fraction: float = 1.0,
     ) -> None:
         if stream_quirk not in STREAM_QUIRKS:
             raise ValueError(f"unknown stream quirk {stream_quirk!r}")
@@ -194,9 +201,12 @@ class SimServer:
             raise ValueError(f"unknown cap_loop {cap_loop!r}; choose one of {', '.join(LOOPS)}")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if shape not in (None, *SHAPES):
+            raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
         if lengths not in LENGTHS:
             raise ValueError(f"unknown length profile {lengths!r}; choose one of {', '.join(LENGTHS)}")
         self.lengths = lengths
+        self.shape, self.shape_fraction = shape, shape_fraction
         self.mode = mode
         self.default_max_tokens = default_max_tokens
         self.seconds_per_token = seconds_per_token
@@ -496,8 +506,15 @@ class SimServer:
         labelled = {} if self.stream_quirk == "unlabelled" else {"stop_reason": None}
         return {"index": index, "finish_reason": reason, **labelled, **self._body(text, chat, tokens)}
 
+    def _shaped(self, prompt: str) -> bool:
+        return self.shape is not None and _fraction("shape:" + prompt) < self.shape_fraction
+
     def _body(self, text: str, chat: bool, tokens: int) -> dict[str, Any]:
         """A choice's text (completions) or message (chat), as each mode's server sends it."""
+        if chat and self.shape == "restated" and THINKING_ENDS in text:
+            # A reasoning parser splits the thinking from the answer.
+            thinking, _, answer = text.partition(THINKING_ENDS)
+            return {"message": {"role": "assistant", "content": answer, self.reasoning_field: thinking}}
         if not chat:
             return {"text": "" if self.mode == "reasoning" else text}
         if self.mode == "reasoning" and text:
@@ -524,6 +541,10 @@ class SimServer:
             return "", 1, "stop"
         if self.mode == "hidden_cap":
             return self._rambling(prompt, max_tokens), max_tokens, "stop"
+        if self.mode == "healthy" and self._shaped(prompt):
+            text = shaped_answer(self.shape or "", prompt, healthy_answer(prompt))
+            tokens = len(_WORDS.findall(text))
+            return text, min(max_tokens, tokens), "stop" if tokens < max_tokens else "length"
         if self.mode == "healthy" or (self.mode == "mixed" and not self.at_cap(prompt)):
             answer = healthy_answer(prompt)
             tokens = answer_tokens(prompt, self.lengths, answer)
@@ -592,6 +613,40 @@ _PARAGRAPH_TEXT = (
 )
 PARAGRAPH = _PARAGRAPH_TEXT.split(" ")
 VOCABULARY = sorted({word.strip(".,").lower() for word in PARAGRAPH} | {f"w{i}" for i in range(2000)})
+
+
+def shaped_answer(shape: str, prompt: str, answer: str) -> str:
+    """A healthy answer of ``shape`` (SHAPES) to ``prompt``, ending with ``answer``."""
+    n = int(_fraction("shape-n:" + prompt) * 1000)
+    function = (
+        f"def median_{n}(values):\n"
+        '    """The median of the values that are not None."""\n'
+        "    ordered = sorted(value for value in values if value is not None)\n"
+        "    if not ordered:\n"
+        '        raise ValueError("no values")\n'
+        "    middle = len(ordered) // 2\n"
+        "    if len(ordered) % 2:\n"
+        "        return ordered[middle]\n"
+        "    return (ordered[middle - 1] + ordered[middle]) / 2\n"
+    )
+    if shape == "restated":  # a reasoning model drafts a function, checks it, and gives it again
+        thinking = f"Let me draft the function first.\n{function}Check: median_{n}([3, 1, None]) gives 2. Good.\n"
+        return f"{thinking}{THINKING_ENDS}\nThe final code:\n{function}The answer is{answer}"
+    if shape == "chorus":
+        chorus = (
+            "And we sing, oh we sing, under the northern light tonight,\n"
+            "holding on, holding on, till the morning makes it right.\n"
+        )
+        verses = [f"Verse {i}: the river {n + i} knows the names of every town it passes by.\n" for i in (1, 2)]
+        return f"{verses[0]}{chorus}{verses[1]}{chorus}Bridge: and so we count the miles.\n{chorus}Answer:{answer}"
+    if shape == "json":
+        records = ",\n".join(
+            f'  {{"id": {n + i}, "type": "book", "status": "available", "tags": ["new", "sale"], "shelf": "A"}}'
+            for i in range(16)
+        )
+        return f"[\n{records}\n]\nTotal:{answer}"
+    rows = "".join(f"| shirt {n + i} | M | blue | yes |\n" for i in range(10))  # table
+    return f"| item | size | color | stock |\n|---|---|---|---|\n{rows}Answer:{answer}"
 
 
 def loop_text(mode: str, key: str, tokens: int) -> str:

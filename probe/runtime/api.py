@@ -199,7 +199,7 @@ async def _run_async(
         probe.errors.report("gate", error)
         gate = None
     if gate is not None:
-        await gate.acquire()
+        await gate.acquire(request.n_answers)
     answered = False
     try:
         if group.tripped:  # tripped while this request waited at the gate
@@ -261,7 +261,9 @@ def _release(probe: state.Probe, gate: Gate, answered: bool, request: Request) -
     """Give the call's place back and tell the slow start what its answer showed; never raises."""
     group = request.group
     try:
-        gate.release(answered, request.labels, group.tripped, group.trip_failed, probe.settled(group))
+        gate.release(
+            answered, request.labels, group.tripped, group.trip_failed, probe.settled(group), request.n_answers
+        )
     except Exception as error:
         probe.errors.report("gate", error)
 

@@ -9,6 +9,10 @@ block once or twice and drain again; a loop keeps repeating. A period lock score
 equals the unit one period back, so a near-loop (a few units perturbed) keeps climbing; a unit
 that differs where the copy before differed too is a template's slot, and drops the lock.
 
+A flag is made certain once the repeating stretch has gone on ``CERTAIN_UNITS`` units: only a
+certain flag counts for the trip rule, so a healthy answer that repeats a block for a while and
+then ends is never taken for a loop.
+
 Promises (tested as properties): an exact cycle of period P is flagged within
 :meth:`LoopDetector.flag_bound` units of its start; the verdict depends only on the text fed,
 never on how it was cut into deltas; flagged stays flagged; each delta costs O(its length) and
@@ -23,6 +27,9 @@ import re
 from collections import deque
 
 UNIT_CHARS = 4
+# A flag is certain once its repeating stretch has gone on this many units: healthy text that
+# repeats a block (a list of records, a table) ends first; a loop goes on to the cap.
+CERTAIN_UNITS = 512
 # Where a reasoning model's thinking ends inside its text, when the server does not split it.
 THINKING_ENDS = "</think>"
 _PRIME = (1 << 61) - 1
@@ -40,6 +47,7 @@ class LoopDetector:
         self.repeats = repeats
         self.units = 0  # units completed so far
         self.flagged_at: int | None = None  # the unit count at which it flagged
+        self.certain_at: int | None = None  # the unit count at which its flag became certain
         self.score = 0.0
         self._pending = ""  # an unfinished piece of a run (at most UNIT_CHARS characters)
         # The last units: enough for an n-gram, and for a copy ``window`` units back.
@@ -59,15 +67,26 @@ class LoopDetector:
     def flagged(self) -> bool:
         return self.flagged_at is not None
 
+    @property
+    def certain(self) -> bool:
+        """Flagged, and still repeating ``CERTAIN_UNITS`` units into its repeating stretch."""
+        return self.certain_at is not None
+
     def flag_bound(self, period: int) -> int:
         """The most units after a loop's start that an exact cycle of ``period`` units
         (at most ``window``) takes to be flagged."""
         climb = math.ceil(self.threshold / (1.0 - self.drift))
         return period + self.ngram - 1 + max(climb, (self.repeats - 1) * period)
 
+    def certain_bound(self, period: int) -> int:
+        """The most units after a loop's start that an exact cycle of ``period`` units takes to
+        make its flag certain."""
+        return max(self.flag_bound(period), period + self.ngram - 1 + CERTAIN_UNITS)
+
     def feed(self, text: str) -> bool:
-        """Take the next ``text`` of the generation; whether it is flagged now."""
-        if self.flagged_at is not None or not text:
+        """Take the next ``text`` of the generation; whether it is flagged now (read on until
+        its flag is certain)."""
+        if self.certain_at is not None or not text:
             return self.flagged_at is not None
         buffer = self._pending + text
         self._pending = ""
@@ -83,7 +102,7 @@ class LoopDetector:
                     return True
             # A run that reaches the end of the text may go on in the next delta.
             self._pending = run[:lead] + body[whole:] if match.end() == len(buffer) else ""
-        return False
+        return self.flagged_at is not None
 
     def _unit(self, unit: str) -> bool:
         self.units += 1
@@ -129,9 +148,12 @@ class LoopDetector:
         self.score = max(0.0, self.score + repeat - self.drift)
         self._stretch = self._stretch + 1 if self.score > 0.0 else 0
         # A small tolerance, so that float rounding never delays the flag past flag_bound.
-        if self.score >= self.threshold - 1e-9 and self._stretch >= (self.repeats - 1) * self._cycle:
+        earned = self.score >= self.threshold - 1e-9 and self._stretch >= (self.repeats - 1) * self._cycle
+        if earned and self.flagged_at is None:
             self.flagged_at = units
-            # Flagged for good: nothing more is needed from the text.
+        if self.flagged_at is not None and self._stretch >= CERTAIN_UNITS and earned:
+            self.certain_at = units
+            # Certain for good: nothing more is needed from the text.
             last_seen.clear()
             order.clear()
             history.clear()

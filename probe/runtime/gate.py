@@ -89,18 +89,26 @@ class SlowStart:
         """Whether the budget allows another request, whatever is in flight."""
         return self.sent < self.budget
 
-    def send(self) -> None:
-        self.sent += 1
+    def send(self, generations: int = 1) -> None:
+        """A request of ``generations`` prompts was sent (the budget counts generations)."""
+        self.sent += generations
 
     def finished(
-        self, answered: bool, labels: Sequence[str] | None, tripped: bool, unprobed: bool, settled: bool = False
+        self,
+        answered: bool,
+        labels: Sequence[str] | None,
+        tripped: bool,
+        unprobed: bool,
+        settled: bool = False,
+        generations: int = 1,
     ) -> None:
-        """Take how one sent call ended: ``labels`` is what its answer said (None: never observed)."""
+        """Take how one sent call of ``generations`` prompts ended: ``labels`` is what its answer
+        said (None: never observed)."""
         self.learn(tripped, unprobed, settled)
         if self.tripped:
             return
         if not answered:
-            self.sent -= 1
+            self.sent -= generations
             return
         credits = sum(1 for label in labels if not is_pathological(label)) if labels else 1
         if credits:  # never 0 * inf: that is NaN, and a NaN budget lets nothing through
@@ -134,21 +142,22 @@ class Gate:
     def __init__(self, policy: SlowStart) -> None:
         self.policy = policy
         self.in_flight = 0
-        self._parked: deque[asyncio.Future[None]] = deque()
+        self._parked: deque[tuple[asyncio.Future[None], int]] = deque()
 
-    async def acquire(self) -> None:
+    async def acquire(self, generations: int = 1) -> None:
+        """Wait until a call of ``generations`` prompts may go through."""
         if not self._parked and self._may_admit():
-            self._admit()
+            self._admit(generations)
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._parked.append(waiter)
+        self._parked.append((waiter, generations))
         self._wake()  # none in flight: the liveness guard lets it through
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 # It was let through in the same instant it was cancelled: pass its place on.
-                self.release(answered=False)
+                self.release(answered=False, generations=generations)
             raise
 
     def release(
@@ -158,23 +167,25 @@ class Gate:
         tripped: bool = False,
         unprobed: bool = False,
         settled: bool = False,
+        generations: int = 1,
     ) -> None:
-        """End a call that was let through: how it ended, and where its group stands."""
+        """End a call of ``generations`` prompts that was let through: how it ended, and where
+        its group stands."""
         self.in_flight -= 1
-        self.policy.finished(answered, labels, tripped, unprobed, settled)
+        self.policy.finished(answered, labels, tripped, unprobed, settled, generations)
         self._wake()
 
     def _may_admit(self) -> bool:
         return self.policy.tripped or self.policy.may_send(self.in_flight)
 
-    def _admit(self) -> None:
+    def _admit(self, generations: int) -> None:
         self.in_flight += 1
         if not self.policy.tripped:
-            self.policy.send()
+            self.policy.send(generations)
 
     def _wake(self) -> None:
         while True:
-            while self._parked and self._parked[0].done():  # cancelled while it waited
+            while self._parked and self._parked[0][0].done():  # cancelled while it waited
                 self._parked.popleft()
             if not self._parked:
                 return
@@ -182,8 +193,8 @@ class Gate:
                 if self.in_flight:
                     return
                 self.policy.run_dry()
-            waiter = self._parked.popleft()
-            self._admit()
+            waiter, generations = self._parked.popleft()
+            self._admit(generations)
             waiter.set_result(None)
 
 

@@ -94,6 +94,7 @@ class Request:
     detectors: dict[int, LoopDetector] = field(default_factory=dict)
     flagged: set[int] = field(default_factory=set)
     answering: set[int] = field(default_factory=set)  # the choices past their reasoning
+    certain: set[int] = field(default_factory=set)  # the flagged choices whose flag is certain
     # The object lm-eval passed its prompts in: a retry of this call passes the same one.
     source: Any = field(default=None, repr=False, compare=False)
 
@@ -132,9 +133,24 @@ class Request:
 
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
     """A stable key for a group's generation settings, and the settings as the probe writes them
-    (``json_safe``: lm-eval passes a setting it never sends, such as do_sample=nan, as given)."""
+    (``json_safe``: lm-eval passes a setting it never sends, such as do_sample=nan, as given).
+    Settings lm-eval's ``Collator`` puts in one group (it compares them with ``==``: 0 and 0.0,
+    True and 1, a list and a tuple) have one key."""
     settings = dict(gen_kwargs) if isinstance(gen_kwargs, Mapping) else {}
-    return json.dumps(settings, sort_keys=True, default=repr), json_safe(settings)
+    return json.dumps(_canonical(settings), sort_keys=True, default=repr), json_safe(settings)
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with the values Python takes as equal written alike (True and 1, 0.0 and 0)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(item) for item in value]
+    return value
 
 
 class Groups:

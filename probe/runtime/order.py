@@ -64,8 +64,11 @@ def _prompt(request: Any) -> str:
 
 
 def _group(request: Any) -> str:
-    settings = request[-1] if isinstance(request, tuple) and request else None
-    return group_key(settings)[0] if isinstance(settings, Mapping) else ""
+    """The key of the generation settings in a request tuple: lm-eval's API models pass
+    (prompt, gen_kwargs, encoding), its vLLM and HF backends ((prompt, encoding), gen_kwargs)."""
+    items = request[1:] if isinstance(request, tuple) else ()
+    settings = next((item for item in items if isinstance(item, Mapping)), None)
+    return group_key(settings)[0] if settings is not None else ""
 
 
 def sample_ranks(seed: int, requests: Sequence[Any]) -> list[int]:

@@ -53,6 +53,8 @@ class Sample:
     expected: int | None = None  # the generations lm-eval will ask of the group (None: not told)
     made: int = 0  # the generations of every place made so far
     _beyond: set[int] = field(default_factory=set, repr=False)  # places made past the limit
+    # Generations flagged looping, not certain yet: not known, but a sign the sample may lean.
+    provisional: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         first, step, limit = sample_sizes(self.min_samples)
@@ -78,10 +80,18 @@ class Sample:
         grows (the outcomes known so far lean pathological)."""
         if place is None or self.final or place >= self._places(self.limit)[0]:
             return False
-        if place < self._places(self.size)[0]:
+        judged = self._places(self.size)[0]
+        if place < judged:
             return True
         _, known, pathological = self.counts()
-        return known > 0 and pathological >= REACH * self.length_ratio * known - 1e-9
+        flagged = sum(1 for p, _ in self.provisional if p < judged)
+        seen = known + flagged
+        return seen > 0 and pathological + flagged >= REACH * self.length_ratio * seen - 1e-9
+
+    def flag(self, place: int | None, index: int) -> None:
+        """Generation ``index`` at ``place`` was flagged looping; its outcome is not known yet."""
+        if place is not None and place in self.outcomes:
+            self.provisional.add((place, index))
 
     def record(self, place: int | None, index: int, pathological: bool) -> None:
         """The outcome of generation ``index`` at ``place`` (a later one replaces an earlier:
@@ -89,6 +99,7 @@ class Sample:
         outcomes = self.outcomes.get(place) if place is not None else None
         if outcomes is None or not 0 <= index < len(outcomes):
             return
+        self.provisional.discard((place, index))
         outcomes[index] = pathological
         self._grow()
 

@@ -218,7 +218,8 @@ class Probe:
     def partial(self, request: Request, index: int, text: str, answering: bool = False) -> None:
         """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
         part, in order). Feeds that choice's degeneration detector; the first time it flags,
-        counts one provisional pathological observation (cause ``repetition``) for the rule, which may trip
+        files it as flagged (cause ``repetition``), and once the flag is certain counts it as a
+        pathological outcome for the rule, which may trip
         the group (cancelling its in-flight requests as a trip does today). Never raises; a no-op
         once the choice is flagged or observed, for a choice the request does not have, for
         non-evidence requests, and when the detector is off.
@@ -242,7 +243,7 @@ class Probe:
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < request.n_answers:
             return
         with self.lock:
-            if request.observed or index in request.flagged:
+            if request.observed or index in request.certain:
                 return
             # The reasoning and the answer are judged apart: an answer that restates what the
             # reasoning drafted is no loop. The answer starts where the stream says so, or after
@@ -250,21 +251,28 @@ class Probe:
             reasoning, tag, answer = ("", "", text) if index in request.answering else text.partition(THINKING_ENDS)
             if not tag:
                 reasoning, answer = ("", text) if answering or index in request.answering else (text, "")
-            flagged = bool(reasoning) and self._detector(request, index).feed(reasoning)
-            if not flagged and (tag or answering) and index not in request.answering:
+            detector = self._detector(request, index)
+            if reasoning:
+                detector.feed(reasoning)
+            if not detector.certain and (tag or answering) and index not in request.answering:
                 request.answering.add(index)
-                request.detectors[index] = self._new_detector()
-            flagged = flagged or (bool(answer) and self._detector(request, index).feed(answer))
-            if not flagged:
+                detector = request.detectors[index] = self._new_detector()
+            if answer and not detector.certain:
+                detector.feed(answer)
+            if not detector.flagged:
                 return
-            del request.detectors[index]
-            request.flagged.add(index)
-            self._tasks_of_request(request)
-            self.tasks.of(request.task_of_choice(index)).flagged += 1
             group = request.group
-            group.tally.flag(request.budgets)
-            group.sample.record(request.place, index, True)
-            self._judge(group, request)
+            if index not in request.flagged:  # provisional: evidence, and a sign the sample leans
+                request.flagged.add(index)
+                self._tasks_of_request(request)
+                self.tasks.of(request.task_of_choice(index)).flagged += 1
+                group.tally.flag(request.budgets)
+                group.sample.flag(request.place, index)
+            if detector.certain:  # still looping: a pathological outcome, for the rule
+                del request.detectors[index]
+                request.certain.add(index)
+                group.sample.record(request.place, index, True)
+                self._judge(group, request)
 
     def _new_detector(self) -> LoopDetector:
         settings = self.settings

@@ -44,3 +44,12 @@ def loop_until_flagged(probe: Probe, request, index: int = 0, delta: str = LOOP)
         if index in request.flagged:
             return fed
     raise AssertionError("never flagged")
+
+
+def loop_until_certain(probe: Probe, request, index: int = 0, delta: str = LOOP) -> int:
+    """Feed ``delta`` over and over until the choice's flag is certain (it counts for the rule)."""
+    for fed in range(1, 5000):
+        probe.partial(request, index, delta)
+        if index in request.certain:
+            return fed
+    raise AssertionError("never certain")
