@@ -171,11 +171,12 @@ def make_detector(settings: Settings, **overrides: Any) -> LoopDetector:
     return LoopDetector(**keywords)
 
 
-def flag_point(detector: LoopDetector, text: str) -> tuple[int | None, int | None]:
-    """(unit, characters fed) at which ``text``, fed in deltas of DELTA_CHARS, is flagged."""
+def flag_point(detector: LoopDetector, text: str, certain: bool = False) -> tuple[int | None, int | None]:
+    """(unit, characters fed) at which ``text``, fed in deltas of DELTA_CHARS, is flagged (with
+    ``certain``: at which its flag becomes certain, the point where it counts for the rule)."""
     for start in range(0, len(text), DELTA_CHARS):
-        if detector.feed(text[start : start + DELTA_CHARS]):
-            return detector.flagged_at, min(len(text), start + DELTA_CHARS)
+        if detector.feed(text[start : start + DELTA_CHARS]) and (not certain or detector.certain):
+            return (detector.certain_at if certain else detector.flagged_at), min(len(text), start + DELTA_CHARS)
     return None, None
 
 
@@ -213,18 +214,19 @@ def longest_repeat(text: str, max_period: int = MAX_PERIOD, tolerance: float = T
 
 _SETTINGS: Settings | None = None
 _OVERRIDES: dict[str, Any] = {}
+_CERTAIN = False  # --certain: where a flag becomes certain (counts for the rule), not where it is raised
 
 
-def _init(settings: Settings, overrides: dict[str, Any]) -> None:
-    global _SETTINGS, _OVERRIDES
-    _SETTINGS, _OVERRIDES = settings, overrides
+def _init(settings: Settings, overrides: dict[str, Any], certain: bool = False) -> None:
+    global _SETTINGS, _OVERRIDES, _CERTAIN
+    _SETTINGS, _OVERRIDES, _CERTAIN = settings, overrides, certain
 
 
 def measure(answer: Answer) -> Outcome:
     assert _SETTINGS is not None
     text = answer.text
     ratio, count = tail_collapse(text)
-    unit, char = flag_point(make_detector(_SETTINGS, **_OVERRIDES), text)
+    unit, char = flag_point(make_detector(_SETTINGS, **_OVERRIDES), text, _CERTAIN)
     repeats = longest_repeat(text) if unit is not None else 0
     degenerate = is_degenerate(len(text), ratio, count)
     return Outcome(answer.model, answer.instruction, len(text), degenerate, ratio, count, unit, char, repeats)
@@ -345,6 +347,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--show-flagged", type=int, default=0, metavar="N")
     parser.add_argument("--top", type=int, default=15, help="instructions to list")
+    parser.add_argument(
+        "--certain", action="store_true", help="count where a flag becomes certain (what the rule counts), not raised"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     settings, warnings = read_settings(os.environ)
@@ -365,10 +370,10 @@ def main() -> None:
     if args.sample and args.sample < len(answers):
         answers = random.Random(args.seed).sample(answers, args.sample)
     if args.workers > 1:
-        with multiprocessing.get_context("fork").Pool(args.workers, _init, (settings, overrides)) as pool:
+        with multiprocessing.get_context("fork").Pool(args.workers, _init, (settings, overrides, args.certain)) as pool:
             outcomes = pool.map(measure, answers, chunksize=256)
     else:
-        _init(settings, overrides)
+        _init(settings, overrides, args.certain)
         outcomes = [measure(a) for a in answers]
     summary = summarize(outcomes, instructions)
     summary["seconds"] = round(time.perf_counter() - started, 1)

@@ -108,7 +108,7 @@ pass_0412() {
     local status=0
     pytest_in .venv-lm-eval-0.4.12 "${workers[@]}" -m "not vllm and not release_independent and not inferencex and not hf and not slow" \
         tests/test_probe_lm.py tests/test_gate_lm.py tests/test_stream_lm.py \
-        tests/test_order.py tests/test_detector_probe.py tests/test_verdict_open.py tests/test_filing.py || status=$?
+        tests/test_order.py tests/test_detector_probe.py tests/test_streaming.py tests/test_filing.py || status=$?
     pytest_in .venv-lm-eval-0.4.12 "${hf_workers[@]}" -m "hf and not vllm and not release_independent" \
         tests/test_hf_answers.py tests/test_hf_rows.py tests/test_hf_order.py || status=$?
     return "$status"

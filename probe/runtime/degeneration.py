@@ -40,11 +40,13 @@ _UNITS = re.compile(r"\w+|[^\w\s]+|\s+")
 class LoopDetector:
     """The loop detector of one generation: :meth:`feed` it the new text, in order."""
 
-    def __init__(self, ngram: int, window: int, drift: float, threshold: float, repeats: int = 1) -> None:
-        if ngram < 1 or window < 1 or not 0.0 < drift < 1.0 or threshold <= 0.0 or repeats < 1:
+    def __init__(
+        self, ngram: int, window: int, drift: float, threshold: float, repeats: int = 1, certain: int = CERTAIN_UNITS
+    ) -> None:
+        if ngram < 1 or window < 1 or not 0.0 < drift < 1.0 or threshold <= 0.0 or repeats < 1 or certain < 0:
             raise ValueError(f"bad loop detector settings: {ngram=}, {window=}, {drift=}, {threshold=}, {repeats=}")
         self.ngram, self.window, self.drift, self.threshold = ngram, window, drift, threshold
-        self.repeats = repeats
+        self.repeats, self.certain_units = repeats, certain
         self.units = 0  # units completed so far
         self.flagged_at: int | None = None  # the unit count at which it flagged
         self.certain_at: int | None = None  # the unit count at which its flag became certain
@@ -81,7 +83,7 @@ class LoopDetector:
     def certain_bound(self, period: int) -> int:
         """The most units after a loop's start that an exact cycle of ``period`` units takes to
         make its flag certain."""
-        return max(self.flag_bound(period), period + self.ngram - 1 + CERTAIN_UNITS)
+        return max(self.flag_bound(period), period + self.ngram - 1 + self.certain_units)
 
     def feed(self, text: str) -> bool:
         """Take the next ``text`` of the generation; whether it is flagged now (read on until
@@ -151,7 +153,7 @@ class LoopDetector:
         earned = self.score >= self.threshold - 1e-9 and self._stretch >= (self.repeats - 1) * self._cycle
         if earned and self.flagged_at is None:
             self.flagged_at = units
-        if self.flagged_at is not None and self._stretch >= CERTAIN_UNITS and earned:
+        if self.flagged_at is not None and self._stretch >= self.certain_units and earned:
             self.certain_at = units
             # Certain for good: nothing more is needed from the text.
             last_seen.clear()
