@@ -174,9 +174,9 @@ def test_a_closed_stream_is_aborted_by_vllm(echo, quiet_machine) -> None:
     calls: list[asyncio.Future] = []
     feed = probe.partial
 
-    def cancelling_feed(req: Any, index: int, text: str) -> None:
+    def cancelling_feed(req: Any, index: int, text: str, answering: bool = False) -> None:
         seen.append(text)
-        feed(req, index, text)
+        feed(req, index, text, answering)
         calls[0].cancel()
 
     probe.partial = cancelling_feed  # type: ignore[method-assign]
