@@ -123,14 +123,19 @@ def test_an_exact_cycle_is_certain_within_its_documented_bound(n_words, seed, le
     assert found.certain_at - units_of(before) <= found.certain_bound(period)
 
 
-@pytest.mark.parametrize("records", [4, 8, 12])
-def test_a_list_of_records_that_ends_is_flagged_at_most_never_certain(records: int) -> None:
-    """A healthy answer that repeats a block (records, a table's rows) and then ends: a flag may
-    come (provisional), but not its certainty, so it never counts for the trip rule."""
-    row = '  {"id": 7, "type": "book", "status": "available", "tags": ["new", "sale"], "shelf": "A"},\n'
-    found = detector(repeats=DEFAULTS.detector_repeats)
-    found.feed("[\n" + row * records + "]\nTotal: 12 books, all of them available.")
-    assert not found.certain
+@pytest.mark.parametrize("records", [4, 8, 12, 40, 200])
+def test_a_list_of_records_is_flagged_at_most_never_certain(records: int) -> None:
+    """A healthy answer that lists records (a value that changes in every one: a template's
+    slot): a flag may come (provisional), but not its certainty, however long the list, so it
+    never counts for the trip rule (hostile round 47: 16 records were certain)."""
+    rows = "".join(
+        f'  {{"id": {i}, "type": "book", "status": "available", "tags": ["new", "sale"], "shelf": "A"}},\n'
+        for i in range(records)
+    )
+    for certain in (CERTAIN_UNITS, 128):
+        found = detector(repeats=DEFAULTS.detector_repeats, certain=certain)
+        found.feed("[\n" + rows + "]\nTotal: all of them available.")
+        assert not found.certain
 
 
 @settings(max_examples=60, deadline=None)

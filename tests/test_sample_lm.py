@@ -38,13 +38,19 @@ def test_a_small_task_beside_a_large_one_is_judged_on_its_own_sample(sim, result
     assert [g["sample"]["generations"] for g in document["groups"]] == [16, 16]
 
 
-def test_settings_lm_eval_groups_together_are_one_group_and_each_task_is_told_its_blanks(sim, result_dir) -> None:
-    """temperature 0 and 0.0 are one group to lm-eval (it compares with ==): the trip blanks both
-    tasks' requests, and each task's evidence says so (hostile round 46: task b's blanks were
-    filed under task a, and b read as never cut short)."""
-    b_settings = {**A, "temperature": 0.0}
+@pytest.mark.parametrize(
+    ("a_settings", "b_settings"),
+    [(A, {**A, "temperature": 0.0}), ({**A, "until": ["."]}, {**A, "until": "."})],
+)
+def test_settings_lm_eval_groups_together_are_one_group_and_each_task_is_told_its_blanks(
+    sim, result_dir, a_settings, b_settings
+) -> None:
+    """temperature 0 and 0.0, or until "." and ["."], are one group to lm-eval (it compares
+    (name, tuple(value)) with ==): the trip blanks both tasks' requests, and each task's evidence
+    says so (hostile rounds 46 and 47: one task's blanks were filed under the other)."""
     requests = [
-        Instance("generate_until", {}, (f"A{i}: What is {i} + {i}?", A), i, metadata=("a", i, 1)) for i in range(40)
+        Instance("generate_until", {}, (f"A{i}: What is {i} + {i}?", a_settings), i, metadata=("a", i, 1))
+        for i in range(40)
     ]
     requests += [
         Instance("generate_until", {}, (f"B{i}: What is {i} + {i + 1}?", b_settings), i, metadata=("b", i, 1))

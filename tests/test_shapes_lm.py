@@ -15,8 +15,9 @@ from probe.runtime import contract
 
 # (shape, chat, the share of answers of that shape). JSON records: a fifth of the answers, as in
 # the run that was blanked (hostile round 33: 17% of a model's answers flagged, tripped at C>64).
+# And every answer JSON records (hostile round 47: 16 records an answer were certain loops).
 SHAPES = [("restated", True, 1.0), ("restated", False, 1.0), ("chorus", False, 1.0), ("json", False, 0.2),
-          ("table", True, 1.0)]  # fmt: skip
+          ("json", False, 1.0), ("table", True, 1.0)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("shape", "chat_format", "share"), SHAPES)

@@ -210,8 +210,9 @@ def test_a_server_busy_once_is_streamed_again(sim, result_dir, capsys) -> None:
     with probe_installed():
         probed = generate(completions(server.base_url, num_concurrent=4), 12)
     said = capsys.readouterr().err
-    # Streamed again until the sample's verdict was final (8 of the 12 stopped).
-    assert probed == plain and 8 <= server.snapshot()["streamed"] <= 11
+    # Streamed again until the sample's verdict was final (8 of the 12 stopped; the one answered
+    # 500, sent again unstreamed, may be among those 8).
+    assert probed == plain and 7 <= server.snapshot()["streamed"] <= 11
     assert said.count("could not be reassembled (status 500); sent it unstreamed, each request tries again") == 1
 
 

@@ -9,9 +9,10 @@ block once or twice and drain again; a loop keeps repeating. A period lock score
 equals the unit one period back, so a near-loop (a few units perturbed) keeps climbing; a unit
 that differs where the copy before differed too is a template's slot, and drops the lock.
 
-A flag is made certain once the repeating stretch has gone on ``CERTAIN_UNITS`` units: only a
-certain flag counts for the trip rule, so a healthy answer that repeats a block for a while and
-then ends is never taken for a loop.
+A flag is made certain once the repeating stretch has gone on ``CERTAIN_UNITS`` units with no
+template's slot in them (a record's values that change every period): only a certain flag counts
+for the trip rule, so a healthy answer that repeats a block for a while and then ends, or lists
+records, is never taken for a loop.
 
 Promises (tested as properties): an exact cycle of period P is flagged within
 :meth:`LoopDetector.flag_bound` units of its start; the verdict depends only on the text fed,
@@ -57,6 +58,8 @@ class LoopDetector:
         self._period: int | None = None  # the distance of the last n-gram that recurred
         self._cycle = 0  # the last period locked on (kept when the lock drops)
         self._stretch = 0  # units since the score was last zero: the repeating stretch
+        self._slots: deque[int] = deque(maxlen=8)  # the units of the last template slots seen
+        self._template_at = -(1 << 62)  # the unit of the last slot seen a period after another
         # Per unit: whether it differed from the unit a locked period back (a slot, if again).
         self._differs: deque[bool] = deque(maxlen=window + 1)
         self._codes: deque[int] = deque()  # the hashes of the last ``ngram`` units (one more, briefly)
@@ -138,8 +141,13 @@ class LoopDetector:
                 # It differs where the copy a period back differed too: a slot of a template
                 # (a step's figures, a record's values) that changes every time, not a
                 # perturbation of a loop. Unlocked: its frame earns nothing until an n-gram
-                # recurs again.
+                # recurs again. A slot one period after another is a template's for sure (a
+                # perturbation of a loop differs twice, then the copies agree again): its
+                # repetition is a list of records, never certain.
                 self._period = None
+                if any(abs(units - period - slot) <= 1 for slot in self._slots):
+                    self._template_at = units
+                self._slots.append(units)
         last_seen[gram] = units
         order = self._order
         order.append((units, gram))
@@ -153,7 +161,8 @@ class LoopDetector:
         earned = self.score >= self.threshold - 1e-9 and self._stretch >= (self.repeats - 1) * self._cycle
         if earned and self.flagged_at is None:
             self.flagged_at = units
-        if self.flagged_at is not None and self._stretch >= self.certain_units and earned:
+        exact = units - self._template_at >= self.certain_units  # no template's slot in that stretch
+        if self.flagged_at is not None and self._stretch >= self.certain_units and earned and exact:
             self.certain_at = units
             # Certain for good: nothing more is needed from the text.
             last_seen.clear()

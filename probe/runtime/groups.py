@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,10 +134,23 @@ class Request:
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
     """A stable key for a group's generation settings, and the settings as the probe writes them
     (``json_safe``: lm-eval passes a setting it never sends, such as do_sample=nan, as given).
-    Settings lm-eval's ``Collator`` puts in one group (it compares them with ``==``: 0 and 0.0,
-    True and 1, a list and a tuple) have one key."""
+    Settings that lm-eval's ``Collator`` puts in one batch have one key: it groups them by
+    ``(name, tuple(value))`` pairs, compared with ``==`` (so "." and ["."], 0 and 0.0, True and 1
+    are one group, and a dict counts by its names), and by the names alone where that cannot be
+    hashed."""
     settings = dict(gen_kwargs) if isinstance(gen_kwargs, Mapping) else {}
-    return json.dumps(_canonical(settings), sort_keys=True, default=repr), json_safe(settings)
+    return json.dumps(_canonical(_as_lm_eval_groups(settings)), default=repr), json_safe(settings)
+
+
+def _as_lm_eval_groups(settings: dict[str, Any]) -> Any:
+    try:
+        grouped = tuple(
+            (name, tuple(value) if isinstance(value, Iterable) else value) for name, value in sorted(settings.items())
+        )
+        hash(grouped)
+        return grouped
+    except (TypeError, AttributeError):
+        return tuple(settings)
 
 
 def _canonical(value: Any) -> Any:
@@ -146,8 +159,6 @@ def _canonical(value: Any) -> Any:
         return int(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, Mapping):
-        return {str(key): _canonical(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_canonical(item) for item in value]
     return value
