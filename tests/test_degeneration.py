@@ -133,7 +133,7 @@ def test_a_list_of_records_is_flagged_at_most_never_certain(records: int) -> Non
         for i in range(records)
     )
     for certain in (CERTAIN_UNITS, 128):
-        found = detector(repeats=DEFAULTS.detector_repeats, certain=certain)
+        found = detector(repeats=DEFAULTS.detector_repeats, certain_units=certain)
         found.feed("[\n" + rows + "]\nTotal: all of them available.")
         assert not found.certain
 

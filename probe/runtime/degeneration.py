@@ -42,12 +42,18 @@ class LoopDetector:
     """The loop detector of one generation: :meth:`feed` it the new text, in order."""
 
     def __init__(
-        self, ngram: int, window: int, drift: float, threshold: float, repeats: int = 1, certain: int = CERTAIN_UNITS
+        self,
+        ngram: int,
+        window: int,
+        drift: float,
+        threshold: float,
+        repeats: int = 1,
+        certain_units: int = CERTAIN_UNITS,
     ) -> None:
-        if ngram < 1 or window < 1 or not 0.0 < drift < 1.0 or threshold <= 0.0 or repeats < 1 or certain < 0:
+        if ngram < 1 or window < 1 or not 0.0 < drift < 1.0 or threshold <= 0.0 or repeats < 1 or certain_units < 0:
             raise ValueError(f"bad loop detector settings: {ngram=}, {window=}, {drift=}, {threshold=}, {repeats=}")
         self.ngram, self.window, self.drift, self.threshold = ngram, window, drift, threshold
-        self.repeats, self.certain_units = repeats, certain
+        self.repeats, self.certain_units = repeats, certain_units
         self.units = 0  # units completed so far
         self.flagged_at: int | None = None  # the unit count at which it flagged
         self.certain_at: int | None = None  # the unit count at which its flag became certain
