@@ -43,7 +43,10 @@ UNPROBED_ANSWER = "a" * MAX_TOKENS
 
 
 def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(models, task, tmp_path) -> None:
-    run, probed = evaluate(models / "never_stop", task, tmp_path / "probed", probed=True)
+    # The four-character token: 1,024 tokens are 1,024 of the detector's units, about what a BPE
+    # tokenizer makes (with one character a token, 1,024 tokens are 256 units, too few for a flag
+    # to become certain, at 512).
+    run, probed = evaluate(models / "never_stop_wide", task, tmp_path / "probed", probed=True)
     assert "summary: TRIPPED (non_terminating)" in run.stderr
     sidecar = json.loads((tmp_path / "probed" / contract.SIDECAR_NAME).read_text())
     # The loop detector read the partial outputs: the trip came from its flags, before the
@@ -53,7 +56,7 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(models, t
     assert sidecar["verdict"]["flagged"] >= MIN_SAMPLES - MAX_NUM_SEQS
     assert probed["generation_tokens"] < MIN_SAMPLES * MAX_TOKENS
     assert sidecar["verdict"]["backend"] == "vllm" and sidecar["verdict"]["max_tokens"] == [MAX_TOKENS]
-    assert sidecar["verdict"]["model"] == str(models / "never_stop")
+    assert sidecar["verdict"]["model"] == str(models / "never_stop_wide")
     # One LLM.generate call for the whole task: the slow start sent MIN_SAMPLES to the engine
     # (8 running, 8 queued), the rest never; whatever was in the engine unfinished at the trip
     # was aborted there, and lm-eval got a blank answer for each of those and of the rest.
@@ -61,7 +64,7 @@ def test_never_stopping_model_trips_inside_the_engine_and_saves_tokens(models, t
     aborted, blanked = final["cancelled_in_flight"], final["short_circuited_requests"]
     assert 0 < aborted <= MAX_NUM_SEQS and blanked == DOCS - MIN_SAMPLES + aborted
     given = answers(tmp_path / "probed")
-    assert sorted(given) == [""] * blanked + [UNPROBED_ANSWER] * (DOCS - blanked)
+    assert sorted(given) == [""] * blanked + ["abcd" * MAX_TOKENS] * (DOCS - blanked)
     read = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path / "probed"), "--json"], capture_output=True)
     (verdict,) = json.loads(read.stdout)
     assert read.returncode == 1 and verdict["status"] == "below_floor"

@@ -29,7 +29,7 @@ from probe.runtime.contract import (
     settings_fingerprint,
     sidecar_path,
 )
-from probe.runtime.degeneration import CERTAIN_UNITS, THINKING_ENDS, LoopDetector
+from probe.runtime.degeneration import THINKING_ENDS, LoopDetector
 from probe.runtime.evidence import describe_choices, is_pathological, stopped_on_its_own
 from probe.runtime.gate import Gates
 from probe.runtime.groups import GIVEN, PREDICTED, READ, UNREADABLE, Group, Groups, Request, group_key
@@ -256,7 +256,7 @@ class Probe:
                 detector.feed(reasoning)
             if not detector.certain and (tag or answering) and index not in request.answering:
                 request.answering.add(index)
-                detector = request.detectors[index] = self._new_detector(request)
+                detector = request.detectors[index] = self._new_detector()
             if answer and not detector.certain:
                 detector.feed(answer)
             if not detector.flagged:
@@ -274,21 +274,20 @@ class Probe:
                 group.sample.record(request.place, index, True)
                 self._judge(group, request)
 
-    def _new_detector(self, request: Request) -> LoopDetector:
-        """A loop detector for one of ``request``'s generations: its flag is certain after
-        CERTAIN_UNITS of repetition, or an eighth of the budget where that is less (a small budget
-        ends a loop at the cap soon anyway)."""
+    def _new_detector(self) -> LoopDetector:
+        """A loop detector for one generation; its flag is certain after CERTAIN_UNITS units of
+        repetition, whatever the budget (a shorter stretch made healthy grids certain, hostile
+        round 48)."""
         settings = self.settings
-        certain = min(CERTAIN_UNITS, request.max_tokens // 8) if request.max_tokens else CERTAIN_UNITS
         return LoopDetector(
             settings.detector_ngram, settings.detector_window, settings.detector_drift, settings.detector_threshold,
-            settings.detector_repeats, certain,
+            settings.detector_repeats,
         )  # fmt: skip
 
     def _detector(self, request: Request, index: int) -> LoopDetector:
         detector = request.detectors.get(index)
         if detector is None:
-            detector = request.detectors[index] = self._new_detector(request)
+            detector = request.detectors[index] = self._new_detector()
         return detector
 
     def observe(self, request: Request, response: Any) -> None:

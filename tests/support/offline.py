@@ -24,7 +24,7 @@ MAX_TOKENS = 1024
 DOCS = 48
 MAX_NUM_SEQS = 8  # six waves of generations: the trip comes after two
 MIN_SAMPLES = contract.Settings().min_samples
-VARIANTS = ("never_stop", "stops", "babble")
+VARIANTS = ("never_stop", "never_stop_wide", "stops", "babble")
 
 
 def tiny_llamas(factory: pytest.TempPathFactory) -> Path:
