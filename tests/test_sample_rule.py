@@ -22,6 +22,21 @@ pytestmark = pytest.mark.release_independent
 SAMPLED = sampled_collator(Collator)
 
 
+def _joined(n: int) -> Sample:
+    """A sample at the defaults of a group of ``n`` one-generation requests, every one made."""
+    sample = Sample(16, 0.75)
+    sample.expect(n)
+    for place in range(n):
+        sample.join(place, 1)
+    return sample
+
+
+def _shuffled(n: int, seed: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order
+
+
 def _final(outcomes: list[bool], size: int) -> bool:
     """The rule on the first ``size`` places once every outcome is known."""
     judged = outcomes[:size]
@@ -40,10 +55,7 @@ def test_the_rule_fires_only_where_the_completed_sample_fires_whatever_the_arriv
     """Outcomes arrive in any order, and healthy generations may be flagged before they end (a
     provisional flag, never a known outcome). Whenever the rule fires, the sample of that size
     fires once every outcome is known: no arrival order and no false flag trips it."""
-    sample = Sample(16, 0.75)
-    sample.expect(len(outcomes))
-    for place in range(len(outcomes)):
-        sample.join(place, 1)
+    sample = _joined(len(outcomes))
     false_flags = [place for place in flags if place < len(outcomes) and not outcomes[place]]
     events = [(place, outcomes[place], False) for place in range(len(outcomes))]
     events += [(place, True, True) for place in false_flags]
@@ -66,12 +78,7 @@ def test_the_rule_fires_only_where_the_completed_sample_fires_whatever_the_arriv
 def test_a_completed_sample_is_the_sequential_rule_over_its_prefix(outcomes: list[bool], seed: int) -> None:
     """Whatever the arrival order, the final verdict is the one ``trip_probability`` models:
     judge the first size places, grow by ``step`` while the share leans pathological."""
-    sample = Sample(16, 0.75)
-    sample.expect(len(outcomes))
-    for place in range(len(outcomes)):
-        sample.join(place, 1)
-    order = list(range(len(outcomes)))
-    random.Random(seed).shuffle(order)
+    sample, order = _joined(len(outcomes)), _shuffled(len(outcomes), seed)
     fired = False
     for place in order:
         sample.record(place, 0, outcomes[place])
@@ -98,10 +105,7 @@ def test_the_trip_probability_table_holds_when_the_pathological_answers_arrive_f
     rng = random.Random(int(p * 1000))
     for _ in range(trials):
         outcomes = [rng.random() < p for _ in range(300)]
-        sample = Sample(16, 0.75)
-        sample.expect(300)
-        for place in range(300):
-            sample.join(place, 1)
+        sample = _joined(300)
         for place in sorted(range(300), key=lambda i: not outcomes[i]):
             sample.record(place, 0, outcomes[place])
             if sample.fires():
@@ -133,10 +137,7 @@ def test_a_fifth_at_the_cap_on_the_longest_prompts_never_trips_at_any_seed() -> 
     longest = {r[0] for r in sorted(requests, key=lambda r: -len(r[0]))[: 1319 // 5]}
     for seed in range(200):
         sent = _sent(requests, seed)
-        sample = Sample(16, 0.75)
-        sample.expect(len(sent))
-        for place in range(len(sent)):
-            sample.join(place, 1)
+        sample = _joined(len(sent))
         for place in sorted(range(len(sent)), key=lambda i: sent[i][0] not in longest):
             sample.record(place, 0, sent[place][0] in longest)
             assert not sample.fires(), seed
@@ -171,12 +172,7 @@ def test_the_sample_is_uniform_in_lm_evals_length_rank() -> None:
 def test_a_final_verdict_never_changes_whatever_comes_next(outcomes: list[bool], seed: int) -> None:
     """Once ``final`` (the gate opens, streaming stops), the rule's verdict is what it will be
     when every outcome is known: it fired already, or it never will."""
-    sample = Sample(16, 0.75)
-    sample.expect(len(outcomes))
-    for place in range(len(outcomes)):
-        sample.join(place, 1)
-    order = list(range(len(outcomes)))
-    random.Random(seed).shuffle(order)
+    sample, order = _joined(len(outcomes)), _shuffled(len(outcomes), seed)
     verdict = None
     for place in order:
         sample.record(place, 0, outcomes[place])

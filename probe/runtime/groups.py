@@ -110,10 +110,8 @@ class Request:
     def take_place(self) -> None:
         """Give it its place in its group's order (a retry of an earlier call keeps that call's)."""
         group, source = self.group, self.source
-        known = group.places.get(id(source)) if source is not None else None
-        if known is not None and known[0] is source:
-            place = known[1]
-        else:
+        place = self._kept_place()
+        if place is None:
             place, group.next_place = group.next_place, group.next_place + 1
             if source is not None:
                 group.places[id(source)] = (source, place)
@@ -122,9 +120,13 @@ class Request:
 
     def answered(self) -> None:
         """It was answered (by the server or blank): no retry of it will come."""
-        known = self.group.places.get(id(self.source)) if self.source is not None else None
-        if known is not None and known[0] is self.source:
+        if self._kept_place() is not None:
             del self.group.places[id(self.source)]
+
+    def _kept_place(self) -> int | None:
+        """The place an earlier call with the same prompts object holds, if any."""
+        known = self.group.places.get(id(self.source)) if self.source is not None else None
+        return known[1] if known is not None and known[0] is self.source else None
 
     def task_of_choice(self, index: int) -> str | None:
         tasks = self.tasks or []
@@ -178,16 +180,16 @@ class Groups:
 
     def expect(self, key: str, settings: dict[str, Any], generations: int) -> None:
         """lm-eval will ask the group of ``key`` for ``generations`` (its sample then knows its end)."""
-        group = self._by_key.get(key)
-        if group is None:
-            group = self._by_key[key] = Group(key, settings, Sample(self._min_samples, self._length_ratio))
-        group.sample.expect(generations)
+        self._group(key, settings).sample.expect(generations)
 
     def get(self, gen_kwargs: Any) -> Group:
         """The group of ``gen_kwargs``, made on first sight."""
         key, settings = group_key(gen_kwargs)
         if self.first_request_at is None:
             self.first_request_at = time.time()
+        return self._group(key, settings)
+
+    def _group(self, key: str, settings: dict[str, Any]) -> Group:
         group = self._by_key.get(key)
         if group is None:
             group = self._by_key[key] = Group(key, settings, Sample(self._min_samples, self._length_ratio))

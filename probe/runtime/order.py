@@ -86,7 +86,10 @@ def sample_ranks(seed: int, requests: Sequence[Any]) -> list[int]:
 def sample_members(seed: int, requests: Sequence[Any], reserve: int) -> set[int]:
     """The indices of the sample: in each group (its generation settings), the ``reserve``
     requests of smallest seeded rank, a uniform random subset whatever the order given."""
-    ranks = sample_ranks(seed, requests)
+    return _members(sample_ranks(seed, requests), requests, reserve)
+
+
+def _members(ranks: list[int], requests: Sequence[Any], reserve: int) -> set[int]:
     by_group: dict[str, list[int]] = {}
     for i, request in enumerate(requests):
         by_group.setdefault(_group(request), []).append(i)
@@ -98,7 +101,7 @@ def _sample_first(order: _Order, arr: Sequence[Any], original: Callable[[Any], A
     if not isinstance(arr, Sequence):
         raise TypeError(f"requests given as {type(arr).__name__}, not a sequence")
     ranks = sample_ranks(order.seed, arr)
-    members = sample_members(order.seed, arr, order.reserve)
+    members = _members(ranks, arr, order.reserve)
     keys: dict[int, list[tuple]] = {}
     for i, request in enumerate(arr):
         keys.setdefault(id(request), []).append((0, ranks[i]) if i in members else None)

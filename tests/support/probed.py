@@ -39,17 +39,17 @@ def response(finish_reason: str, tokens: int, n: int = 1) -> dict:
 
 def loop_until_flagged(probe: Probe, request, index: int = 0, delta: str = LOOP) -> int:
     """Feed ``delta`` over and over until the choice is flagged; the number of deltas fed."""
-    for fed in range(1, 500):
-        probe.partial(request, index, delta)
-        if index in request.flagged:
-            return fed
-    raise AssertionError("never flagged")
+    return _loop_until(probe, request, index, delta, request.flagged, 500)
 
 
 def loop_until_certain(probe: Probe, request, index: int = 0, delta: str = LOOP) -> int:
     """Feed ``delta`` over and over until the choice's flag is certain (it counts for the rule)."""
-    for fed in range(1, 5000):
+    return _loop_until(probe, request, index, delta, request.certain, 5000)
+
+
+def _loop_until(probe: Probe, request, index: int, delta: str, reached: set[int], most: int) -> int:
+    for fed in range(1, most):
         probe.partial(request, index, delta)
-        if index in request.certain:
+        if index in reached:
             return fed
-    raise AssertionError("never certain")
+    raise AssertionError(f"choice {index} never reached after {most} deltas")
