@@ -1,72 +1,12 @@
 """A simulated OpenAI-compatible server for tests, the demo and the benchmarks.
 
-Serves ``/v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1 (aiohttp), and SGLang's
-native ``/generate`` (lm-eval's sglang-generate: ``sampling_params.max_new_tokens``, unstreamed,
-each output's finish reason in its ``meta_info``), and behaves like a chosen kind of model:
-
-- ``never_stop``: every generation runs to ``max_tokens`` (``finish_reason: length``), its
-  text " and" then random words: it never stops and never loops (as in ``window``,
-  ``hidden_cap`` and under ``loop_marker``), so only the cap rule catches it;
-- ``healthy``: answers the last ``a + b`` in the prompt (``stop``), in as many tokens as
-  its length profile says: ``short`` (a few), ``lognormal`` (around 300, as chat answers
-  vary) or ``reasoning`` (around 3,000, as a thinking model's do), fixed per prompt;
-- ``mixed``: a chosen fraction of prompts (picked by a hash of the prompt) runs to the cap;
-  with ``cap_min_chars``, the prompts at least that long do instead (cap-hitting that
-  follows prompt length, as lm-eval sends the longest first); with ``cap_loop`` (one of the
-  loop modes below) their text loops that way instead of rambling;
-- ``repetition``: vLLM's repetition detector ends every generation (``repetition``);
-- ``window``: every generation hits the context window (``length`` below ``max_tokens``);
-- ``hidden_cap``: every generation runs to ``max_tokens`` but is reported as ``stop`` (a
-  server that hides the cap; ``usage.completion_tokens`` still tells);
-- ``reasoning``: every generation spends the budget reasoning (``length``; chat content
-  null, ``reasoning_content`` set; completions text empty);
-- ``empty``: the model stops at once with nothing to say (``stop``, empty or null content);
-- ``malformed``: well-formed HTTP, nonsense JSON bodies;
-- never-stopping models that loop, each running every generation to ``max_tokens``:
-  ``loop_short`` (an exact cycle of 4 words), ``loop_paragraph`` (an exact cycle of a
-  60-word paragraph), ``loop_near`` (that paragraph with 5% of its words replaced at random),
-  and ``random`` (random words: never stops, never loops). Deterministic by ``seed`` and prompt.
-
-**Streaming.** A request with ``"stream": true`` is answered with server-sent events as
-vLLM sends them: one chunk per choice as its tokens come due on the token clock (each
-word one token; without a clock, a few words a chunk), a last chunk per choice with
-its ``finish_reason``, a usage chunk when ``stream_options.include_usage`` asks, then
-``data: [DONE]``; chat streams open with the role, and on the ``reasoning`` profile (and in
-``reasoning`` mode) the thinking comes first as ``reasoning_field`` deltas. The chunks
-reassemble into exactly the unstreamed body, which follows vLLM's: every choice carries
-``stop_reason``, and a chat answer left empty is null after reasoning and ``""`` otherwise.
-``stream_quirk`` makes a server that cannot be
-streamed: ``refuse`` (400 to any ``stream_options``), ``no_usage``, ``error_event`` (an error
-chunk after the first text), ``unknown_field`` (a choice with a field nobody knows),
-``json`` (answers unstreamed) or ``json_cut`` (answers every generate request, streamed or
-not, as JSON whose body ends 50 bytes before its Content-Length says, then drops the
-connection: a transport error while the body is read). Two quirks a server that can stream
-has: ``one_event`` (each choice's whole text in one event, as a buffering gateway sends it),
-``busy_once`` (its first streamed generate request is answered HTTP 500, as an overloaded
-server answers), ``held_open`` (a stream that ends its choices, sends neither the usage nor
-``[DONE]``, and stays open, a keep-alive comment every 0.5 s, until the client leaves),
-``stall_mid`` (the same after the first text), ``drop_mid`` and ``drop_after_last`` (the
-connection dropped after the first text, or once every choice has ended: the body cut short,
-as a proxy that gives up on a stream cuts it), ``drop_once`` (``drop_mid`` for the first
-streamed request only, as a server restarting cuts the streams in flight) and ``unlabelled`` (a server that is not vLLM:
-no ``stop_reason``, and an empty chat answer is ``""`` even after reasoning). Two a buggy
-gateway has: ``so_far`` (each chunk carries its field's text so far, not what is new, and the last the
-whole answer again) and
-``deep_event`` (after the first text, one event of JSON nested 5,000 levels deep).
-
-``loop_marker``: prompts that contain it never stop, whatever the mode (two tasks, one
-broken, against one server). ``first_n`` and ``first_reason``: the first ``first_n`` generate
-requests are answered with that ``finish_reason`` instead (``"error"``, ``"timeout"``, any
-string), with no choices at all (``"no_choices"``) or with a nonsense body (``"malformed"``),
-whatever the mode. ``turn_after``: the generate requests after the first ``turn_after`` run
-every prompt to the cap, looping as ``cap_loop`` says (``loop_short`` without it): a model that
-turns bad mid-run. ``default_max_tokens``: the budget of a generate request that names none (as
-vLLM's completions endpoint gives one 16); without it, such a request is taken for loglikelihood.
-
-A token clock (seconds per generated token) makes generations take time; when a client
-drops a request, the tokens generated so far are counted and the request is counted
-as aborted, as vLLM does. ``GET /stats`` returns the counters, including how many generate
-requests were in flight when each one arrived.
+Serves ``/v1/completions``, ``/v1/chat/completions`` and SGLang's ``/generate`` on 127.0.0.1,
+and behaves like a chosen kind of model (``MODES``: healthy, never stopping, looping, cut at the
+window, hiding the cap, reasoning, empty, malformed), optionally answering in a ``shape`` that
+repeats a block, or streaming with a ``stream_quirk`` of a real server or gateway. Promises: a
+stream reassembles into exactly the unstreamed body, which follows vLLM's; a token clock makes
+generations take time; a dropped request counts its tokens so far and as aborted, as vLLM does;
+``GET /stats`` returns the counters. Every mode and option is described in docs/simserver.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
 """The slow start inside lm-eval's in-process vLLM engine (the API path's is ``gate``).
 
-``LLM.generate`` adds every prompt to the engine before its first step, and vLLM then runs as
-many as ``max_num_seqs`` at once: a model that never stops made ``max_num_seqs`` full-length
-generations (or, with the loop detector, ``max_num_seqs`` flagged prefixes) before the rule,
-which needs ``MIN_SAMPLES`` observations of a group, could decide. Here the engine's
-``add_request`` is held back as the gate holds calls, with the same
-:class:`~probe.runtime.gate.SlowStart` policy, one per group (one ``LLM.generate`` call may
-carry several groups, and one group several calls, one per chunk with ``--batch_size N``; the
-policy is kept on the group, so it spans the calls): ``MIN_SAMPLES`` of the group's requests
-reach the engine before any evidence, ``per_stop`` more for each of its generations that did
-not end pathologically, and all of them once its rule has fired (a tripped group's held
-requests are never sent) or could not be applied. The engine queues what it cannot run yet,
-so only a group's budget holds its requests back, never the engine's occupancy.
-
-lm-eval's order is already the seeded sample order when the engine sees the prompts
-(``order``), so the requests let in first are a uniform sample of each group; each group's
-keep that order.
-
-**Liveness.** As the gate's: a group whose budget is spent while none of its requests is in
-the engine opens (``SlowStart.run_dry``; by the gate's proof its rule had fired, so this is a
-guard), and when the engine has nothing unfinished at all every held request goes: the engine
-loop (``while has_unfinished_requests(): step()``) never ends with one held. A held request's
-own ``add_request`` runs later than lm-eval asked for it; an error it raises then propagates
-from the engine step, out of ``LLM.generate``. A held request of a tripped group never reaches
-vLLM, so vLLM never validates it (as with a tripped group's later chunks, never sent).
-
-Pure bookkeeping: no vLLM import; the engine is reached through the callables it is given.
+The engine's ``add_request`` is held back as the gate holds calls, with the same
+:class:`~probe.runtime.gate.SlowStart` policy, one per group across the ``LLM.generate`` calls
+it comes in: ``MIN_SAMPLES`` of a group's requests reach the engine before any evidence,
+``per_stop`` more for each generation that did not end pathologically, all of them once the
+group's sample is final, none more once it tripped. Liveness: the engine loop never ends with a
+request held. Pure bookkeeping: no vLLM import. docs/engine-slow-start.md has the details.
 """
 
 from __future__ import annotations

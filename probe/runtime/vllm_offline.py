@@ -1,30 +1,13 @@
 """Glue for lm-eval's in-process vLLM backend (``--model vllm``): invasive patches.
 
-lm-eval's ``VLLM._model_generate`` calls ``LLM.generate`` once per chunk of prompts (all of
-them with ``--batch_size auto``); vLLM adds one engine request per prompt, then loops
-``llm_engine.step()``. The probe works inside that loop, on the engine ``LLM`` keeps as
-``llm_engine`` (found by its methods, not by vLLM's version):
-
-- ``add_request`` gives the engine id of each prompt, in order, and is held back by the slow
-  start (``engine_slow_start``: ``MIN_SAMPLES`` requests before any evidence, more as
-  generations stop) where the knob applies it to the engine's ``max_num_seqs``;
-- ``step`` hands over each request as it finishes, observed like an API response, and, for
-  the requests whose sampling parameters allow it, its partial output every few tokens
-  (``vllm_partial``: the probe's copy of the parameters asks for cumulative outputs), fed to
-  the degeneration detector, without changing what ``LLM.generate`` returns;
-- on a trip, ``abort_request`` ends the tripped group's unfinished requests at once (their
-  KV cache is freed), and lm-eval gets a blank answer for each, in order.
-
-lm-eval hands the engine its prompts longest first, and the engine finishes the first ones
-first: while ``generate_until`` runs, lm-eval's ordering is replaced by a seeded sample order
-(``order``), so the observations the rule judges are a uniform sample, chunk by chunk too.
-A prompt whose group tripped in an earlier chunk is never sent. When the engine lacks those
-methods, or hooking fails, one line says so and generation runs unprobed; when the sampling
-parameters do not allow partial outputs, one line says so and the probe judges finished
-generations only. Loglikelihood is never touched. ``data_parallel_size > 1`` runs one engine
-per replica (a Ray task, or a multiprocessing worker), each in a process of its own:
-``replicas`` tags the prompts and merges what the replicas report, ``replica_engine`` watches
-each replica's engine with this module's hook.
+lm-eval calls ``LLM.generate`` once per chunk of prompts; the probe works inside vLLM's engine
+loop: ``add_request`` is held back by the slow start (``engine_slow_start``), ``step`` hands over
+each finished request (observed like an API response) and, for the sample's requests, partial
+output for the loop detector (``vllm_partial``), and a trip aborts the group's unfinished
+requests, lm-eval getting a blank answer for each. The sample goes first (``order``). When the
+engine cannot be hooked, one line says so and generation runs unprobed; loglikelihood is never
+touched. Data-parallel replicas are ``replicas`` and ``replica_engine``. docs/vllm-offline.md
+has the details.
 """
 
 from __future__ import annotations
