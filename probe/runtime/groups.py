@@ -115,8 +115,8 @@ class Request:
             place, group.next_place = group.next_place, group.next_place + 1
             if source is not None:
                 group.places[id(source)] = (source, place)
+            group.sample.join(place, self.n_answers)
         self.place = place
-        group.sample.join(place, self.n_answers)
 
     def answered(self) -> None:
         """It was answered (by the server or blank): no retry of it will come."""

@@ -52,7 +52,6 @@ class Sample:
     outcomes: dict[int, list[bool | None]] = field(default_factory=dict)
     expected: int | None = None  # the generations lm-eval will ask of the group (None: not told)
     made: int = 0  # the generations of every place made so far
-    _beyond: set[int] = field(default_factory=set, repr=False)  # places made past the limit
     # Generations flagged looping, not certain yet: not known, but a sign the sample may lean.
     provisional: set[tuple[int, int]] = field(default_factory=set)
 
@@ -66,13 +65,11 @@ class Sample:
         self._grow()
 
     def join(self, place: int, generations: int) -> None:
-        """The request at ``place`` was made, with ``generations`` answers (a retry keeps its outcomes)."""
-        if place not in self.outcomes and place not in self._beyond:
-            self.made += max(1, generations)
-            if place < self.limit:  # a place past the limit is never judged: only counted
-                self.outcomes[place] = [None] * max(1, generations)
-            else:
-                self._beyond.add(place)
+        """The request at ``place`` was made, with ``generations`` answers (once a place: a retry
+        keeps its place, and does not join again)."""
+        self.made += max(1, generations)
+        if place < self.limit:  # a place past the limit is never judged: only counted
+            self.outcomes[place] = [None] * max(1, generations)
 
     def worth_watching(self, place: int | None) -> bool:
         """Whether the partial output of the request at ``place`` may bring the verdict sooner:
