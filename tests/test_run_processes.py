@@ -126,9 +126,10 @@ def test_a_command_that_leaves_nothing_behind_is_not_warned_about(tmp_path: Path
 def test_members_lists_each_live_process_of_the_group_once(tmp_path: Path) -> None:
     leader = subprocess.Popen(["bash", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
     try:
-        assert eventually(lambda: len(processgroup.members(leader.pid)) == 3)
+        # A child shows bash's command line until it has exec'd sleep: wait for both execs.
+        assert eventually(lambda: [m.split(" ", 1)[1] for m in processgroup.members(leader.pid)].count("sleep 30") == 2)
         found = processgroup.members(leader.pid)
-        assert [m.split(" ", 1)[1] for m in found].count("sleep 30") == 2 and found[0].startswith(f"{leader.pid} bash")
+        assert len(found) == 3 and found[0].startswith(f"{leader.pid} bash")
         assert processgroup.members(os.getpgrp()) != found
     finally:
         processgroup.signal_group(leader.pid, signal.SIGKILL)
