@@ -40,6 +40,25 @@ def test_lm_eval_run_trips_and_finishes_with_a_real_results_file(sim, site_dir, 
 
 
 @pytest.mark.entry
+def test_a_launcher_that_looks_up_the_backend_first_still_trips(sim, site_dir, local_task, tmp_path) -> None:
+    # A launcher that checks which backends exist before it runs lm-eval's command.
+    server, output = sim("never_stop"), tmp_path / "out"
+    command = local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16, model_args="max_retries=2")
+    launcher = (
+        "import importlib.util, runpy, sys\n"
+        "assert importlib.util.find_spec('lm_eval.models.api_models') is not None\n"
+        "sys.argv[0] = 'lm_eval'\nrunpy.run_module('lm_eval', run_name='__main__', alter_sys=True)"
+    )
+    assert command[1:3] == ["-m", "lm_eval"]
+    env = offline_env(site_dir, EVAL_RESULT_DIR=str(output))
+    launched = [command[0], "-c", launcher, *command[3:]]
+    run = subprocess.run(launched, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "[lm-eval-probe] tripped" in run.stderr and score(output) == 0.0
+    assert server.snapshot()["generate_requests"] < 40
+
+
+@pytest.mark.entry
 def test_healthy_lm_eval_run_scores_like_unprobed(sim, site_dir, local_task, tmp_path) -> None:
     server = sim("healthy")
     unprobed = lm_eval(None, server, local_task, tmp_path / "plain")
@@ -144,6 +163,15 @@ FIRST_IMPORTS = {
     "the registry": "import lm_eval.models\nfrom lm_eval.api.registry import get_model\nget_model('local-completions')",
     "importlib": "import importlib\nimportlib.import_module('lm_eval.models.openai_completions')",
     "the evaluator": "import lm_eval.evaluator",
+    # Ways to ask about a module without running it, or to run it again: none unhooks the probe.
+    "a look-up first": "import importlib.util\nimportlib.util.find_spec('lm_eval.models.api_models')\n"
+    "importlib.util.find_spec('lm_eval.models.openai_completions')",
+    "pkgutil first": "import pkgutil, importlib.util\nimportlib.util.find_spec('lm_eval.models')\n"
+    "pkgutil.find_loader('lm_eval.models.api_models')",
+    "a failed import, retried": "import sys\nsys.modules['lm_eval.models.utils'] = None\ntry:\n"
+    "    import lm_eval.models.api_models\nexcept ImportError:\n    del sys.modules['lm_eval.models.utils']\n"
+    "import lm_eval.models.api_models",
+    "a reload": "import importlib, lm_eval.models.api_models as api\nimportlib.reload(api)",
 }
 # The model lm-eval's registry hands out is the probed one. (The 0.4.9.2 release's get_model does
 # not import lm_eval.models itself.)

@@ -10,7 +10,9 @@ modules lazily, so any may come alone);
 the runtime's modules (handed over packed: their sources as JSON, compressed, in base85, so
 that the file to compile stays small) are unpacked and compiled when the first of them is
 imported, as the private package ``_hyperloom_eval_probe``, and install themselves right
-after that module has run.
+after that module has run. The finder waits for good: a look-up (``importlib.util.find_spec``),
+an import that fails and is retried, or a reload, each get a spec that installs once the
+module runs.
 """
 
 import sys
@@ -65,19 +67,18 @@ def load_runtime(packed: str, origin: str) -> object:
 
 
 class WaitForLmEval:
-    """A meta-path finder that hands the import of each target module over to the runtime, once."""
+    """A meta-path finder that hands each run of a target module over to the runtime."""
 
-    def __init__(self, packed: str, origin: str, waiting: list) -> None:
+    hands_over_to_runtime = True  # the runtime looks for the real spec past every such finder
+
+    def __init__(self, packed: str, origin: str, targets: tuple) -> None:
         self.packed = packed
         self.origin = origin
-        self.waiting = waiting
+        self.targets = targets
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
-        if fullname not in self.waiting:
+        if fullname not in self.targets:
             return None
-        self.waiting.remove(fullname)
-        if not self.waiting:
-            sys.meta_path.remove(self)
         runtime = load_runtime(self.packed, self.origin)
         return runtime.installing_spec(fullname, path, target) if runtime else None
 
@@ -100,11 +101,9 @@ def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) 
         chain["chain_next_sitecustomize"](origin)
     if booted:
         return  # installed twice (appended twice, chained, or loaded two ways): act once
-    waiting = [name for name in targets if name not in sys.modules]
-    if waiting:
-        sys.meta_path.insert(0, WaitForLmEval(packed, origin, waiting))
-    if len(waiting) < len(targets):
-        runtime = load_runtime(packed, origin)
-        for name in targets:
-            if runtime and name not in waiting:
-                runtime.install_module(sys.modules[name])
+    sys.meta_path.insert(0, WaitForLmEval(packed, origin, targets))
+    imported = [name for name in targets if name in sys.modules]
+    runtime = load_runtime(packed, origin) if imported else None
+    for name in imported:
+        if runtime:
+            runtime.install_module(sys.modules[name])

@@ -130,10 +130,12 @@ class _InstallingLoader:
 def installing_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
     """The real spec of a module an integration waits for, whose loader installs it after it ran.
 
-    Called by the start-up stub's finder, which no longer waits for ``fullname``: asked
-    again here, it answers None, so the spec comes from the real finders.
+    Called by the start-up stub's finder on every look-up of ``fullname``; the spec comes
+    from the real finders after it.
     """
     for finder in sys.meta_path:
+        if getattr(finder, "hands_over_to_runtime", False):
+            continue
         find = getattr(finder, "find_spec", None)
         spec = find(fullname, path, target) if find is not None else None
         if spec is not None:
