@@ -64,16 +64,23 @@ def _scoped(original: Callable) -> Callable:
         try:
             results = original(*args, **kwargs)
         finally:
-            state.leave(token, probe, settings)
-        if probe is not None and isinstance(results, dict) and EVIDENCE_KEY not in results:
-            try:
-                results[EVIDENCE_KEY] = probe.evidence_document()
-            except Exception as error:
-                probe.errors.report(getattr(original, "__name__", "evaluate"), error)
+            ended = _leave(token, probe, settings, original)
+        if ended is not None and isinstance(results, dict) and EVIDENCE_KEY not in results:
+            results[EVIDENCE_KEY] = ended.evidence_document()
         return results
 
     functools.update_wrapper(evaluation, original)
     return mark(evaluation, original)
+
+
+def _leave(token: Any, probe: state.Probe | None, settings: Settings | None, original: Callable) -> Any:
+    """End the evaluation (``state.leave``); what is kept of it, or None (an error is reported)."""
+    try:
+        return state.leave(token, probe, settings)
+    except Exception as error:
+        if probe is not None:
+            probe.errors.report(getattr(original, "__name__", "evaluate"), error)
+        return None
 
 
 # Where an evaluation starts: simple_evaluate, or evaluate when a script calls it directly.

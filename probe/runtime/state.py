@@ -383,18 +383,19 @@ class Probe:
     def _summary(self, group: Group) -> dict[str, Any]:
         return group.summary(set(self._tasks_of(group)))
 
-    def finalise(self) -> None:
-        """Add the final counters to the sidecar this evaluation wrote (once, at exit)."""
+    def final_counters(self) -> dict[str, Any]:
+        """What the trip saved, for the sidecar's ``final``."""
         with self.lock:
             groups = [self._summary(g) for g in self.groups if g.tripped]
-            self.ownership.finalise(
-                {
-                    "short_circuited_requests": sum(g["short_circuited_requests"] for g in groups),
-                    "cancelled_in_flight": sum(g["cancelled_in_flight"] for g in groups),
-                    "short_circuited_groups": groups,
-                    "written_at": time.time(),
-                }
-            )
+        return {
+            "short_circuited_requests": sum(g["short_circuited_requests"] for g in groups),
+            "cancelled_in_flight": sum(g["cancelled_in_flight"] for g in groups),
+            "short_circuited_groups": groups,
+        }
+
+    def finalise(self) -> None:
+        """Add the final counters to the sidecar this evaluation wrote (once, at exit)."""
+        self.ownership.finalise({**self.final_counters(), "written_at": time.time()})
 
     def evidence_document(self) -> dict[str, Any]:
         """Everything this evaluation observed, per task and per group, tripped or not.
@@ -442,12 +443,32 @@ def _evidence(group: Group) -> str:
     )
 
 
+class EndedEvaluation:
+    """What the exit needs of an ended evaluation: its evidence document and its final
+    counters. Its scope (every prompt, every request) is let go."""
+
+    def __init__(self, probe: Probe) -> None:
+        self._document = probe.evidence_document()
+        self._final = probe.final_counters()
+        self._ownership = probe.ownership
+
+    def idle(self) -> bool:
+        return False
+
+    def evidence_document(self) -> dict[str, Any]:
+        return self._document
+
+    def finalise(self) -> None:
+        self._ownership.finalise({**self._final, "written_at": time.time()})
+
+
 # The process's default scope (requests made outside any evaluation: lm-eval's models driven
 # directly), else the evaluation begun last; None while the probe is off. The wrappers ask
 # :func:`active`, which prefers the evaluation the calling thread (or task) runs in.
 ACTIVE: Probe | None = None
-# Every scope this process had, oldest first: the report at exit and the final counters.
-SCOPES: list[Probe] = []
+# Every scope this process had, oldest first, an ended evaluation's as what the exit needs
+# of it: the report at exit and the final counters.
+SCOPES: list[Probe | EndedEvaluation] = []
 # The scope of the evaluation that the current thread or asyncio task runs in (None: one run
 # with the probe off); _OUTSIDE when it runs in none. A context variable, so that two
 # evaluations run by two threads never use each other's scope (asyncio.run and every task
@@ -492,16 +513,22 @@ def enter(probe: Probe | None) -> contextvars.Token:
     return _EVALUATION.set(probe)
 
 
-def leave(token: contextvars.Token, probe: Probe | None, settings: Settings | None) -> None:
+def leave(token: contextvars.Token, probe: Probe | None, settings: Settings | None) -> EndedEvaluation | None:
     """The evaluation entered with ``token`` ended: what runs after it, outside any evaluation,
     gets a fresh default scope under ``settings`` (None: the probe is off), never the ended
-    evaluation's groups and trips."""
+    evaluation's groups and trips. Returns what is kept of the ended evaluation (None when it
+    was unprobed, or could not be summed up: then its whole scope is kept for the exit)."""
     global ACTIVE
     _EVALUATION.reset(token)
     if probe is not None and ACTIVE is probe:
         ACTIVE = None
         if settings is not None and settings.enabled:
             activate(settings)
+    if probe is None or probe not in SCOPES:
+        return None
+    ended = EndedEvaluation(probe)
+    SCOPES[SCOPES.index(probe)] = ended
+    return ended
 
 
 def end_probing() -> None:
