@@ -59,6 +59,23 @@ def test_a_launcher_that_looks_up_the_backend_first_still_trips(sim, site_dir, l
 
 
 @pytest.mark.entry
+def test_the_samples_file_marks_every_blank_and_no_answer_of_the_model(sim, site_dir, local_task, tmp_path) -> None:
+    # The first 6 answers are the model's own empty ones; the rest never stop, and the probe trips.
+    server, output = sim("never_stop", first_n=6, first_reason="stop"), tmp_path / "out"
+    run = lm_eval(site_dir, server, local_task, output, "--log_samples", EVAL_RESULT_DIR=str(output))
+    assert run.returncode == 0 and "[lm-eval-probe] tripped" in run.stderr, run.stderr[-2000:]
+    (samples,) = written_by_lm_eval(output, "samples_*.jsonl")
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    marked = [r for r in records if contract.EVIDENCE_KEY in r]
+    empty = [r for r in records if r["resps"] == [[""]]]
+    (results,) = written_by_lm_eval(output, "results_*.json")
+    evidence = json.loads(results.read_text())[contract.EVIDENCE_KEY]["tasks"][task_name()]
+    assert len(marked) == evidence["short_circuited"] > 0
+    assert all(r[contract.EVIDENCE_KEY]["blank_answers"] == 1 and r["resps"] == [[""]] for r in marked)
+    assert len(empty) == len(marked) + 6  # the model's own empty answers are left as they are
+
+
+@pytest.mark.entry
 def test_healthy_lm_eval_run_scores_like_unprobed(sim, site_dir, local_task, tmp_path) -> None:
     server = sim("healthy")
     unprobed = lm_eval(None, server, local_task, tmp_path / "plain")

@@ -31,6 +31,7 @@ from probe.runtime.contract import EVIDENCE_KEY, Settings, read_settings
 from probe.runtime.integration import Integration
 from probe.runtime.log import say, say_once
 from probe.runtime.patching import mark, restore_where, wrap
+from probe.runtime.samples import mark_blanks
 from probe.runtime.versions import LM_EVAL
 
 
@@ -67,6 +68,11 @@ def _scoped(original: Callable) -> Callable:
             ended = _leave(token, probe, settings, original)
         if ended is not None and isinstance(results, dict) and EVIDENCE_KEY not in results:
             results[EVIDENCE_KEY] = ended.evidence_document()
+        if probe is not None:
+            try:
+                mark_blanks(results)
+            except Exception as error:
+                probe.errors.report("marking the logged samples", error)
         return results
 
     functools.update_wrapper(evaluation, original)
