@@ -208,3 +208,20 @@ def test_repeats_of_one_prompt_that_runs_to_the_cap_do_not_trip_the_sync_path(si
         probed = completions(server.base_url, num_concurrent=1).generate_until(repeated)
         document = probe.evidence_document()
     assert document["tripped"] is False and probed == unprobed
+
+
+def test_an_internal_error_where_a_call_ends_opens_the_gate_and_never_stalls_the_run(
+    sim, result_dir, monkeypatch, capsys
+) -> None:
+    # A defect of the probe's own (it cannot be caused for real): reading where a group stands fails.
+    def broken(self: Any, group: Any) -> bool:
+        raise TypeError("a defect")
+
+    texts = _questions(48)
+    lm = completions(sim("healthy").base_url, num_concurrent=8)
+    monkeypatch.setenv("HYPERLOOM_EVAL_PROBE_SLOW_START", "on")
+    with probe_installed():
+        monkeypatch.setattr(state.Probe, "settled", broken)
+        outcome, answers = _finishes(lambda: _generate(lm, texts), timeout=60)
+    assert outcome == "ok" and answers == [healthy_answer(t) for t in texts]
+    assert "internal error in gate" in capsys.readouterr().err

@@ -95,6 +95,38 @@ def test_the_report_describes_the_evaluations_and_an_idle_process_adds_nothing(s
     assert "of 1 evaluation(s)" in run.stderr
 
 
+_FORKED = """
+import multiprocessing, sys
+import lm_eval
+
+def evaluate():
+    lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args=f"model=sim,base_url={sys.argv[2]}/v1/completions,num_concurrent=8,tokenized_requests=False,"
+        "tokenizer_backend=None,max_retries=2",
+        tasks=[sys.argv[1]], gen_kwargs="max_tokens=2048",
+        task_manager=lm_eval.tasks.TaskManager(include_path=sys.argv[3]),
+    )
+
+worker = multiprocessing.get_context("fork").Process(target=evaluate)
+worker.start()
+worker.join()
+sys.exit(worker.exitcode)
+"""
+
+
+def test_an_evaluation_in_a_forked_worker_is_reported(sim, tmp_path: Path) -> None:
+    # A forked worker ends with os._exit, past every exit handler: its evaluation is reported as it ends.
+    task = write_task(tmp_path / "task", DOCS)
+    server = sim("healthy")
+    command = [PYTHON, "-c", _FORKED, task.name, server.base_url, str(task.yaml.parent)]
+    run = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(tmp_path / "out"), "--", *command],
+                         env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"the probe did not trip: 0 of {DOCS} generations observed were cut off" in run.stderr
+    assert "of 1 evaluation(s)" in run.stderr
+
+
 def test_every_process_of_a_command_adds_its_evaluations_to_the_report(sim, tmp_path: Path) -> None:
     server = sim("healthy")
     report = tmp_path / "observed.json"

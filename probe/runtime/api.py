@@ -258,12 +258,17 @@ def _streaming(
 
 
 def _release(probe: state.Probe, gate: Gate, answered: bool, request: Request) -> None:
-    """Give the call's place back and tell the slow start what its answer showed; never raises."""
+    """Give the call's place back and tell the slow start what its answer showed; never raises.
+    The place is given back even when where its group stands cannot be read (the gate then
+    opens, as for a group that runs unprobed)."""
     group = request.group
     try:
-        gate.release(
-            answered, request.labels, group.tripped, group.trip_failed, probe.settled(group), request.n_answers
-        )
+        try:
+            stands = (group.tripped, group.trip_failed, probe.settled(group))
+        except Exception as error:
+            probe.errors.report("gate", error)
+            stands = (False, True, False)
+        gate.release(answered, request.labels, *stands, request.n_answers)
     except Exception as error:
         probe.errors.report("gate", error)
 

@@ -31,6 +31,7 @@ from probe.runtime.contract import EVIDENCE_KEY, Settings, read_settings
 from probe.runtime.integration import Integration
 from probe.runtime.log import say, say_once
 from probe.runtime.patching import mark, restore_where, wrap
+from probe.runtime.report import settle
 from probe.runtime.samples import mark_blanks
 from probe.runtime.versions import LM_EVAL
 
@@ -80,13 +81,18 @@ def _scoped(original: Callable) -> Callable:
 
 
 def _leave(token: Any, probe: state.Probe | None, settings: Settings | None, original: Callable) -> Any:
-    """End the evaluation (``state.leave``); what is kept of it, or None (an error is reported)."""
+    """End the evaluation (``state.leave``) and settle it (``report.settle``); what is kept of
+    it, or None (an error is reported)."""
     try:
-        return state.leave(token, probe, settings)
+        ended = state.leave(token, probe, settings)
     except Exception as error:
         if probe is not None:
             probe.errors.report(getattr(original, "__name__", "evaluate"), error)
         return None
+    if ended is not None:
+        settle([ended])
+        ended.reported = True
+    return ended
 
 
 # Where an evaluation starts: simple_evaluate, or evaluate when a script calls it directly.

@@ -170,10 +170,16 @@ class Gate:
         generations: int = 1,
     ) -> None:
         """End a call of ``generations`` prompts that was let through: how it ended, and where
-        its group stands."""
+        its group stands. Should the policy fail, the gate opens for good (the parked calls
+        run unprobed, never wait for ever) and the error is raised."""
         self.in_flight -= 1
-        self.policy.finished(answered, labels, tripped, unprobed, settled, generations)
-        self._wake()
+        try:
+            self.policy.finished(answered, labels, tripped, unprobed, settled, generations)
+        except Exception:
+            self.policy.run_dry()
+            raise
+        finally:
+            self._wake()
 
     def _may_admit(self) -> bool:
         return self.policy.tripped or self.policy.may_send(self.in_flight)

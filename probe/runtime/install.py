@@ -20,7 +20,7 @@ from probe.runtime.integration import Integration
 from probe.runtime.integrations import integration_for
 from probe.runtime.log import forget_said, say, say_once
 from probe.runtime.patching import hooks_in, own_replacements, restore_all, restore_own
-from probe.runtime.report import write_report_at_exit
+from probe.runtime.report import settle
 from probe.runtime.results import carry_evidence
 from probe.runtime.versions import lm_eval_version
 
@@ -146,9 +146,4 @@ def installing_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
 
 
 def _finalise_at_exit() -> None:
-    for probe in list(state.SCOPES):
-        try:
-            probe.finalise()
-        except Exception as error:
-            say(f"could not add the final counters to the sidecar: {error!r}")
-    write_report_at_exit(state.SCOPES)
+    settle(scope for scope in state.SCOPES if not scope.reported)

@@ -1,5 +1,6 @@
-"""The report at exit (``HYPERLOOM_EVAL_PROBE_REPORT``, set by ``eval-probe run``): what the
-evaluations of every probed process of one command observed.
+"""The report (``HYPERLOOM_EVAL_PROBE_REPORT``, set by ``eval-probe run``): what the
+evaluations of every probed process of one command observed, each added as it ends (so a
+forked worker, which skips exit handlers, still reports its evaluations).
 
 A command may start many Python processes (a script that runs lm-eval, then a helper that
 merely imports it). Each adds its own evaluations to the one report, under a lock, and a
@@ -92,9 +93,16 @@ def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
         )
 
 
-def write_report_at_exit(scopes: Iterable[Any]) -> None:
-    """Add this process's evaluations (its scopes that saw anything) to the report, if one is
-    asked for; never raises."""
+def settle(scopes: Iterable[Any]) -> None:
+    """Add the final counters to the sidecars ``scopes`` wrote, and their evaluations (those
+    that saw anything) to the report, if one is asked for; never raises. Called as each
+    evaluation ends, and at exit for the rest."""
+    scopes = list(scopes)
+    for scope in scopes:
+        try:
+            scope.finalise()
+        except Exception as error:
+            say(f"could not add the final counters to the sidecar: {error!r}")
     path = os.environ.get(ENV_REPORT)
     if not path:
         return

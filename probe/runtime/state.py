@@ -60,6 +60,7 @@ class Probe:
         self.errors = ErrorReports()
         self.gates = Gates(settings)
         self.sampling = Sampling()
+        self.reported = False  # only an ended evaluation is reported before exit
 
     @property
     def reserve(self) -> int:
@@ -394,7 +395,8 @@ class Probe:
         }
 
     def finalise(self) -> None:
-        """Add the final counters to the sidecar this evaluation wrote (once, at exit)."""
+        """Add the final counters to the sidecar this scope wrote (once: as its evaluation ends,
+        else at exit)."""
         self.ownership.finalise({**self.final_counters(), "written_at": time.time()})
 
     def evidence_document(self) -> dict[str, Any]:
@@ -451,6 +453,7 @@ class EndedEvaluation:
         self._document = probe.evidence_document()
         self._final = probe.final_counters()
         self._ownership = probe.ownership
+        self.reported = False  # its final counters and report entry written (``report.settle``)
 
     def idle(self) -> bool:
         return False
