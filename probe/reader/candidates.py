@@ -47,6 +47,9 @@ class Candidate:
     evidence: dict[str, Any] | None = None
     subtasks: dict[str, list[str]] | None = None  # lm-eval's group_subtasks: group -> its tasks
     model_name: str | None = None  # lm-eval's model_name (the model= of --model_args)
+    # lm-eval's higher_is_better: task -> {metric: whether higher is better}, the metrics it computed
+    directions: dict[str, dict[str, bool]] | None = None
+    generate_tasks: frozenset[str] = frozenset()  # tasks whose configs say output_type generate_until
 
     @property
     def run_id(self) -> str | None:
@@ -141,7 +144,28 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
         return Candidate(path, concurrency, reason=f"cannot read {path}: {error}")
     name = document.get("model_name")
     return Candidate(path, concurrency, started, document["results"], evidence=evidence, subtasks=subtasks,
-                     model_name=name if isinstance(name, str) else None)  # fmt: skip
+                     model_name=name if isinstance(name, str) else None,
+                     directions=_directions(document.get("higher_is_better")),
+                     generate_tasks=_generate_tasks(document.get("configs")))  # fmt: skip
+
+
+def _directions(value: Any) -> dict[str, dict[str, bool]] | None:
+    """lm-eval's ``higher_is_better`` (its metrics, per task), the entries it can be read from;
+    None when the file has none (older writers)."""
+    if not isinstance(value, dict):
+        return None
+    return {
+        task: {metric: higher for metric, higher in metrics.items() if isinstance(higher, bool)}
+        for task, metrics in value.items()
+        if isinstance(metrics, dict)
+    }
+
+
+def _generate_tasks(configs: Any) -> frozenset[str]:
+    """The tasks whose config lm-eval saved says they generate (``output_type: generate_until``)."""
+    if not isinstance(configs, dict):
+        return frozenset()
+    return frozenset(t for t, c in configs.items() if isinstance(c, dict) and c.get("output_type") == "generate_until")
 
 
 def _subtasks(value: Any) -> dict[str, list[str]]:

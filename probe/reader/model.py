@@ -127,6 +127,8 @@ class Verdict:
     # What the evidence alone says, the score apart: a group follows its tasks on this, not
     # on a score merely under the floor. Not part of the JSON.
     evidence_status: Status = field(default=Status.OK, compare=False)
+    # A group without a score of its own: it takes its tasks' verdicts. Not part of the JSON.
+    follows_tasks: bool = field(default=False, compare=False)
 
     @property
     def was_cut_short(self) -> bool:

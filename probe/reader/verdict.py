@@ -21,7 +21,7 @@ from probe.reader.documents import Unreadable
 from probe.reader.evaluations import Evaluation, Holdings, holdings
 from probe.reader.inferencex import Concurrencies, read_meta_env
 from probe.reader.model import SidecarState, SidecarView, Source, Status, TripContext, Verdict
-from probe.reader.results import pick_metric
+from probe.reader.results import measured, pick_metric
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import Sidecar, read_trip_records
 from probe.reader.words import trip_words
@@ -207,12 +207,17 @@ class _Judge:
         return list(_fold_groups(judged, c.subtasks or {}, self).values())
 
     def task(self, source: Source, evaluation: Evaluation, facts: _RunFacts, task: str, metrics: dict) -> Verdict:
-        options = self.options
-        metric = options.metric or pick_metric(metrics)
+        """A task's verdict. It rests only on what lm-eval measured (a metric it computed, never a
+        count or a placeholder) and on the evidence of this run."""
+        options, c = self.options, evaluation.candidate
+        directions = None if c.directions is None else c.directions.get(task)
+        metric, unchosen = (options.metric, "") if options.metric else pick_metric(metrics, directions)
         value = finite_score(metrics.get(metric)) if metric in metrics else None
         figures = facts.figures.get(task)
         base = {"task": task, "metric": metric, "score": value, "evidence": figures, "cap_rate": ev.cap_rate(figures),
                 "sidecar": evaluation.sidecar}  # fmt: skip
+        if task in (c.subtasks or {}) and not measured(metrics, None) and metric not in metrics:
+            return self.verdict(source, Status.OK, "a group without a score of its own", follows_tasks=True, **base)
         if self.sidecar.state is SidecarState.UNREADABLE:
             return self.unavailable(source, f"the probe's sidecar is unreadable ({self.sidecar.error}): whether the "
                                     "run was cut short cannot be told", **base)  # fmt: skip
@@ -225,10 +230,21 @@ class _Judge:
         if facts.may_have_blanked(task):
             return self.unavailable(source, "the probe cut part of this run short, and whether this task was among "
                                     "what it cut is not recorded", **base)  # fmt: skip
-        if metric is None or metric not in metrics:
+        if metric is None:
+            return self.unavailable(source, unchosen, **base)
+        if metric not in metrics:
             return self.unavailable(source, f"metric {metric!r} is not in task {task!r}", **base)
         if value is None:
             return self.unavailable(source, f"the score {metrics.get(metric)!r} is not a finite number", **base)
+        higher = (directions or {}).get(metric.split(",")[0], options.higher_is_better)
+        if not options.metric and higher is not options.higher_is_better:
+            side, flag = ("lower", "with") if options.higher_is_better else ("higher", "without")
+            why = f"lm-eval records {side} as better for {metric!r}: choose it with --metric, {flag} --lower-is-better"
+            return self.unavailable(source, f"{why}, and a floor on its scale", **base)
+        if figures is None and c.evidence is not None and task in c.generate_tasks and options.cap_rate_fails:
+            return self.unavailable(source, "the probe observed none of this task's generations (answers replayed "
+                                    "from lm-eval's cache?): its cap rate is unknown, and --cap-rate-fails lets "
+                                    "none through", **base)  # fmt: skip
         return self.score(source, value, figures, self.caveat(figures, value), **base)
 
     def caveat(self, figures: dict | None, value: float, force: bool = False) -> dict[str, Any] | None:
@@ -312,6 +328,8 @@ def _fold_groups(verdicts: dict[str, Verdict], subtasks: dict[str, list[str]], j
 
 
 def _fold(group: Verdict, members: list[Verdict], judge: _Judge, groups: dict[str, list[str]]) -> Verdict:
+    if group.follows_tasks:
+        return _follow(group, members, groups)
     if not members:
         return group
     figures = ev.summed([m.evidence for m in members if m.evidence])
@@ -333,6 +351,23 @@ def _fold(group: Verdict, members: list[Verdict], judge: _Judge, groups: dict[st
     return folded.but(status=bad.evidence_status, evidence_status=bad.evidence_status, cause=bad.cause,
                       pathology=bad.pathology or folded.pathology, caveat=folded.caveat or bad.caveat,
                       reason=_culprit(bad, f"is {bad.evidence_status.value}", groups))  # fmt: skip
+
+
+def _follow(group: Verdict, members: list[Verdict], groups: dict[str, list[str]]) -> Verdict:
+    """A group without a score of its own: as good as its worst task, score and evidence alike."""
+    if not members:
+        return group.but(status=Status.UNAVAILABLE, reason="a group without a score of its own, and none of its "
+                         "tasks is in the file", evidence_status=Status.UNAVAILABLE)  # fmt: skip
+    figures = ev.summed([m.evidence for m in members if m.evidence])
+    bad = min(members, key=lambda m: m.status.severity)
+    common = {"evidence": figures, "cap_rate": ev.cap_rate(figures), "cause": bad.cause, "pathology": bad.pathology,
+              "caveat": next((m.caveat for m in members if m.caveat), None)}  # fmt: skip
+    if bad.status is Status.OK:
+        return group.but(reason=f"a group without a score of its own: all {len(members)} of its tasks are ok",
+                         evidence_status=Status.worst(m.evidence_status for m in members), **common)  # fmt: skip
+    return group.but(status=bad.status, evidence_status=Status.worst(m.evidence_status for m in members),
+                     reason=f"a group without a score of its own: {_culprit(bad, f'is {bad.status.value}', groups)}",
+                     **common)  # fmt: skip
 
 
 def _culprit(member: Verdict, what: str, groups: dict[str, list[str]]) -> str:
