@@ -72,6 +72,9 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
         # A trip recorded before the command started is a leftover, not this command's. (Each
         # lm-eval evaluation in the command has a run identity of its own, so time decides here.)
         started = time.time()
+        for flag in _unhooking_flags(command):
+            _say(f"WARNING: {flag} keeps Python from reading PYTHONPATH or sitecustomize.py: the probe cannot "
+                 "load in that process, and nothing will watch its generations")  # fmt: skip
         if forwarder.pending:
             number = forwarder.pending[0]
             _say(f"summary: signal {number} ({_signal_name(number)}) arrived before the command started; not started")
@@ -86,7 +89,7 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
             processgroup.remove_when_empty(group, site, str(site), followed)
             _say(_left_behind_warning(left_behind, site, result))
         line = summary(result, report, -status if status < 0 else None, started, len(left_behind))
-        if made is not None and any(made.iterdir()):
+        if made is not None and _holds_anything(made):
             line += f"; results kept in {made}"
         _say(line)
         return 128 - status if status < 0 else status
@@ -193,7 +196,12 @@ def summary(
     if sidecar.state == "unreadable":
         return f"summary: the sidecar is unreadable ({sidecar.error})" + (f"; {signalled}" if signalled else "")
     other = ""
-    if sidecar.state == "valid" and started is not None and sidecar.trip["tripped_at"] < started:
+    # A trip record is this command's only when one of its evaluations wrote it: the report names
+    # their run identities (a killed command reports none: then its start time decides).
+    evaluations = read_report(str(report))
+    ours = {e.get("run_id") for e in evaluations}
+    leftover = started is not None and sidecar.state == "valid" and sidecar.trip["tripped_at"] < started
+    if sidecar.state == "valid" and (leftover or (evaluations and sidecar.trip.get("run_id") not in ours)):
         other = f"; the sidecar {sidecar.path} is another run's, not this one's"
     elif sidecar.state == "valid":
         v = sidecar.trip
@@ -218,12 +226,17 @@ def summary(
             + f"; still running then: {still_running} process(es) it started (listed above): run eval-probe read "
             f"{result_dir} once they finish"
         )
-    evaluations = read_report(str(report))
     if not evaluations and os.path.lexists(report):  # the probe writes one only with evaluations in it
         return (
             f"summary: not known: the probe's report {report} cannot be read as one it writes{other}"
             + (f"; {signalled}" if signalled else "")
             + f"; run eval-probe read {result_dir}"
+        )
+    if not evaluations and not os.path.lexists(f"{report}.loaded"):
+        return (
+            "summary: NOT WATCHED: the probe never loaded in any process of the command (a Python run with -I, "
+            "-E or -S, sudo, env -i, a container or a remote shell leaves PYTHONPATH behind), so it observed "
+            "nothing" + other + (f"; {signalled}" if signalled else "")
         )
     if not evaluations:
         if signalled:
@@ -254,19 +267,47 @@ def summary(
         )
     groups = [g for e in evaluations for g in e["groups"]]
     tasks = [(name, figures) for e in evaluations for name, figures in e["tasks"].items()]
-    seen, bad = sum(g["observations"] for g in groups), sum(g["pathological"] for g in groups)
+    counted = [f for _, f in tasks] + [e["unattributed"] for e in evaluations if e.get("unattributed")]
+    seen = sum(g["observations"] for g in groups)
+    # A group's pathological count holds its loop flags too: a flag is not a generation cut off.
+    flagged = sum(min(g.get("flagged", 0), g["pathological"]) for g in groups if is_count(g.get("flagged", 0)))
+    cut = sum(g["pathological"] for g in groups) - flagged
     rates = [(name, cap_rate(figures)) for name, figures in tasks]
     worst = max(((name, rate) for name, rate in rates if rate), key=lambda found: found[1], default=None)
-    counted = [f for _, f in tasks] + [e["unattributed"] for e in evaluations if e.get("unattributed")]
     unjudged = sum(f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0) for f in counted)
     highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
     if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
         highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"
     return (
-        f"summary: the probe did not trip: {bad} of {seen} generations observed were cut off, "
-        f"in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
+        f"summary: the probe did not trip: {cut} of {seen} generations observed were cut off"
+        + (f", {flagged} more flagged as looping while they ran" if flagged else "")
+        + f", in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
         + (f"; then {signalled}" if signalled else "")
     )
+
+
+def _holds_anything(directory: Path) -> bool:
+    """Whether ``directory`` holds an entry (False when the command removed it, or it cannot be read)."""
+    try:
+        return any(directory.iterdir())
+    except OSError:
+        return False
+
+
+def _unhooking_flags(command: list[str]) -> list[str]:
+    """The options of a Python ``command`` that keep the probe out (``-I``, ``-E``, ``-S``, also
+    bundled as ``-IS``), read up to its script, ``-c`` or ``-m``."""
+    if not command or not os.path.basename(command[0]).startswith("python"):
+        return []
+    found, arguments = [], iter(command[1:])
+    for argument in arguments:
+        if not argument.startswith("-") or argument.startswith("--") or argument in ("-c", "-m"):
+            break
+        letters = argument[1:]
+        found += [f"-{flag}" for flag in "IES" if flag in letters.split("c")[0].split("m")[0]]
+        if letters[-1:] in ("W", "X"):
+            next(arguments, None)  # its value
+    return sorted(set(found))
 
 
 def _as_written(evaluations: list[dict]) -> bool:

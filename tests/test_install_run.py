@@ -21,6 +21,7 @@ from probe import lmeval_args
 from probe.demo.localtask import offline_env
 from probe.inject import payload
 from probe.lmeval_args import output_path_in
+from probe.run import summary
 from probe.runtime import contract
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
@@ -234,7 +235,6 @@ def test_a_second_trip_whose_record_is_elsewhere_is_named_beside_the_first(sim, 
 def test_the_summary_names_each_trip_record_once_and_only_paths(tmp_path: Path) -> None:
     """The report is a file any process may write: a record named twice (once through a link), or
     by no path (a number, a NUL), never crashes the summary nor is listed as a place to read."""
-    from probe.run import summary
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -298,7 +298,6 @@ def test_the_summary_reads_any_report_without_crashing_or_hiding_a_trip(tmp_path
     """The report is a file any process of the command may write: the summary says what it can tell
     (a trip stays a trip), never crashes (eval-probe run would lose the command's exit code) and
     never prints a text that would forge a line of its own."""
-    from probe.run import summary
 
     path = tmp_path / "observed.json"
     if isinstance(report, bytes):
@@ -467,3 +466,65 @@ def test_a_process_never_replaces_a_report_it_cannot_read(tmp_path: Path, foreig
     add_to_report(str(tmp_path / "new.json"), [{"tripped": True}])
     add_to_report(str(tmp_path / "new.json"), [{"tripped": False}])  # a second process appends
     assert [e["tripped"] for e in read_report(str(tmp_path / "new.json"))] == [True, False]
+
+
+@pytest.mark.release_independent
+def test_a_command_that_removes_its_results_directory_keeps_its_exit_code(tmp_path: Path) -> None:
+    # As InferenceX's staging does: the command moves its results away and removes the directory.
+    run = eval_probe_run(tmp_path, "bash", "-c", 'rm -rf "$RESULT_DIR"')
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "summary: " in run.stderr
+
+
+@pytest.mark.parametrize("flags", [["-I"], ["-E"], ["-W", "ignore", "-Iu"]])
+def test_a_python_that_never_loads_the_probe_is_warned_about_and_never_called_watched(
+    sim, local_task, tmp_path: Path, flags: list[str]
+) -> None:
+    server = sim("never_stop")
+    command = local_task.lm_eval_command(server.base_url, "sim", tmp_path / "out", 2048, 8)
+    run = eval_probe_run(tmp_path, command[0], *flags, *command[1:])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "WARNING: -" in run.stderr and "the probe cannot load in that process" in run.stderr
+    assert "summary: NOT WATCHED: the probe never loaded in any process of the command" in run.stderr
+    assert "did not trip" not in run.stderr
+
+
+def test_the_summary_never_calls_a_flag_cut_off(tmp_path: Path) -> None:
+    report, loaded = tmp_path / "observed.json", tmp_path / "observed.json.loaded"
+    loaded.touch()
+    task = figures(
+        observations=64,
+        finish_reasons={"stop": 64},
+        cut_off=0,
+        cut_off_rate=0.0,
+        flagged=13,
+        flagged_endings={"stop": 13},
+    )
+    group = {"tripped": False, "observations": 64, "pathological": 13, "flagged": 13}
+    evaluation = {"schema_version": 1, "tripped": False, "groups": [group], "tasks": {"t": task}, "unattributed": None}
+    report.write_text(json.dumps({"schema_version": 1, "evaluations": [evaluation]}))
+    line = summary(tmp_path / "results", report)
+    assert "0 of 64 generations observed were cut off, 13 more flagged as looping while they ran" in line, line
+
+
+def test_a_trip_record_of_another_model_running_beside_it_is_not_this_commands(tmp_path: Path) -> None:
+    # Two models run at once into one output path: the trip record there is the other one's.
+    results, report = tmp_path / "results", tmp_path / "observed.json"
+    results.mkdir()
+    trip = {"schema_version": 1, "verdict": {
+        "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
+        "finish_reasons": {"length": 16}, "max_tokens": [2048], "settings": {}, "tripped_at": time.time(),
+        "run_id": "b" * 32 + ".1"}, "final": None}  # fmt: skip
+    (results / contract.SIDECAR_NAME).write_text(json.dumps(trip))
+    task = figures(observations=16, finish_reasons={"stop": 16}, cut_off=0, cut_off_rate=0.0)
+    mine = {"schema_version": 1, "tripped": False, "run_id": "a" * 32 + ".1", "unattributed": None,
+            "groups": [{"tripped": False, "observations": 16, "pathological": 0}], "tasks": {"t": task}}  # fmt: skip
+    report.write_text(json.dumps({"schema_version": 1, "evaluations": [mine]}))
+    line = summary(results, report, started=time.time() - 60)
+    assert "TRIPPED" not in line and "is another run's, not this one's" in line and "did not trip" in line, line
+
+
+def test_python_without_its_site_is_warned_about_too(tmp_path: Path) -> None:
+    run = eval_probe_run(tmp_path, PYTHON, "-S", "-c", "pass")
+    assert run.returncode == 0 and "WARNING: -S keeps Python from reading PYTHONPATH" in run.stderr
+    assert "summary: NOT WATCHED" in run.stderr

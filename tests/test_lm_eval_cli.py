@@ -189,6 +189,12 @@ FIRST_IMPORTS = {
     "    import lm_eval.models.api_models\nexcept ImportError:\n    del sys.modules['lm_eval.models.utils']\n"
     "import lm_eval.models.api_models",
     "a reload": "import importlib, lm_eval.models.api_models as api\nimportlib.reload(api)",
+    # An import hook ahead of the probe's that asks the finders after it (a tracer, a vendoring shim).
+    "a hook that asks the others": "import sys\nclass Ask:\n    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.startswith('lm_eval'):\n            for finder in sys.meta_path:\n"
+    "                found = finder is not self and getattr(finder, 'find_spec', None)\n"
+    "                spec = found and found(name, path, target)\n                if spec:\n"
+    "                    return spec\nsys.meta_path.insert(0, Ask())\nimport lm_eval.models.api_models",
 }
 # The model lm-eval's registry hands out is the probed one. (The 0.4.9.2 release's get_model does
 # not import lm_eval.models itself.)

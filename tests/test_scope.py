@@ -127,6 +127,20 @@ def test_an_evaluation_in_a_forked_worker_is_reported(sim, tmp_path: Path) -> No
     assert "of 1 evaluation(s)" in run.stderr
 
 
+def test_a_forked_child_never_reports_the_scopes_it_inherited(sim, tmp_path: Path) -> None:
+    server, report = sim("healthy"), tmp_path / "observed.json"
+    code = (
+        f"import os, sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"from support.lm import completions, generate\ngenerate(completions({server.base_url!r}), 5)\n"
+        "child = os.fork()\nif child == 0:\n    sys.exit(0)\nos.waitpid(child, 0)\n"
+    )
+    env = offline_env(probe_site(tmp_path / "site"), HYPERLOOM_EVAL_PROBE_REPORT=str(report), RESULT_DIR=str(tmp_path))
+    run = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    evaluations = json.loads(report.read_text())["evaluations"]
+    assert [sum(g["observations"] for g in e["groups"]) for e in evaluations] == [5]
+
+
 def test_every_process_of_a_command_adds_its_evaluations_to_the_report(sim, tmp_path: Path) -> None:
     server = sim("healthy")
     report = tmp_path / "observed.json"
@@ -196,7 +210,7 @@ def test_a_file_with_the_users_code_besides_the_probe_is_never_skipped(tmp_path:
 def test_the_stub_waits_for_every_integration_and_nothing_else() -> None:
     from probe.inject import sitecustomize_text
 
-    assert f"{targets()!r})" in sitecustomize_text()
+    assert f"{targets()!r}, " in sitecustomize_text()
     assert len(set(targets())) == len(INTEGRATIONS)
 
 

@@ -15,6 +15,7 @@ an import that fails and is retried, or a reload, each get a spec that installs 
 module runs.
 """
 
+import _thread
 import sys
 
 PACKAGE = "_hyperloom_eval_probe"
@@ -69,23 +70,40 @@ def load_runtime(packed: str, origin: str) -> object:
 class WaitForLmEval:
     """A meta-path finder that hands each run of a target module over to the runtime."""
 
-    hands_over_to_runtime = True  # the runtime looks for the real spec past every such finder
-
     def __init__(self, packed: str, origin: str, targets: tuple) -> None:
         self.packed = packed
         self.origin = origin
         self.targets = targets
+        self.asking: set = set()  # (thread, name) being looked up past this finder
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
-        if fullname not in self.targets:
-            return None
-        runtime = load_runtime(self.packed, self.origin)
-        return runtime.installing_spec(fullname, path, target) if runtime else None
+        asking = (_thread.get_ident(), fullname)
+        if fullname not in self.targets or asking in self.asking:
+            return None  # asked again while the runtime asks the finders after it: theirs to answer
+        self.asking.add(asking)
+        try:
+            runtime = load_runtime(self.packed, self.origin)
+            return runtime.installing_spec(fullname, path, target) if runtime else None
+        finally:
+            self.asking.discard(asking)
 
 
-def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) -> None:
+def mark_loaded(report_env: str) -> None:
+    """Create ``REPORT.loaded`` beside the report the variable ``report_env`` names, if any."""
+    import os
+
+    report = os.environ.get(report_env) if report_env else None
+    if report:
+        try:  # noqa: SIM105 - the stub imports nothing it can do without (contextlib)
+            os.close(os.open(report + ".loaded", os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644))
+        except OSError:
+            pass
+
+
+def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = (), report_env: str = "") -> None:
     """Arrange for the runtime to install on ``targets`` (module names); acts at most once per
-    process.
+    process. Where ``report_env`` names a report (``eval-probe run``), a file beside it says the
+    probe loaded in a process of the command.
 
     ``chain_source`` (``probe/runtime/chain.py``) is given only by a sitecustomize.py the
     probe created itself, which must also run the one it shadows, even when it stands down
@@ -101,6 +119,7 @@ def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) 
         chain["chain_next_sitecustomize"](origin)
     if booted:
         return  # installed twice (appended twice, chained, or loaded two ways): act once
+    mark_loaded(report_env)
     sys.meta_path.insert(0, WaitForLmEval(packed, origin, targets))
     imported = [name for name in targets if name in sys.modules]
     runtime = load_runtime(packed, origin) if imported else None

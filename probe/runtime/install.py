@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -97,6 +98,8 @@ def _activate(integration: Integration) -> bool:
     if not _AT_EXIT:
         _AT_EXIT = True
         atexit.register(_finalise_at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=state.forked)
     state.activate(settings)
     guard_caches(api_model)
     carry_evidence(evaluation_tracker)
@@ -130,12 +133,10 @@ class _InstallingLoader:
 def installing_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
     """The real spec of a module an integration waits for, whose loader installs it after it ran.
 
-    Called by the start-up stub's finder on every look-up of ``fullname``; the spec comes
-    from the real finders after it.
+    Called by the start-up stub's finder on every look-up of ``fullname``; asked again by
+    this look-up, the stub answers None, so the spec comes from the real finders.
     """
     for finder in sys.meta_path:
-        if getattr(finder, "hands_over_to_runtime", False):
-            continue
         find = getattr(finder, "find_spec", None)
         spec = find(fullname, path, target) if find is not None else None
         if spec is not None:

@@ -540,6 +540,12 @@ def end_probing() -> None:
     ACTIVE = None
 
 
+def forked() -> None:
+    """In a forked child: the scopes it inherited are its parent's to report, not its own."""
+    for scope in SCOPES:
+        scope.reported = True
+
+
 def forget() -> None:
     """Forget every scope (the probe is uninstalled)."""
     end_probing()
