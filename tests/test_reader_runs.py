@@ -5,6 +5,7 @@ which results file and run it comes from; the exit code is the worst; --newest i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -138,7 +139,7 @@ def test_the_json_keeps_its_shape_and_names_the_run(tmp_path: Path) -> None:
     shape = {"status", "reason", "task", "metric", "score", "cap_rate", "cause", "caveat", "evidence", "pathology",
              "floor", "higher_is_better", "concurrency", "results_file", "sidecar"}  # fmt: skip
     for verdict in found:
-        assert shape <= set(verdict) and {"run_id", "started_at", "trip_record"} <= set(verdict)
+        assert shape <= set(verdict) and {"run_id", "started_at", "trip_record", "model"} <= set(verdict)
         assert set(verdict["sidecar"]) == {"state", "path", "error"}
 
 
@@ -165,3 +166,15 @@ def test_a_meta_env_concurrency_that_is_no_plain_count_hides_no_run(tmp_path: Pa
     assert code == exitcodes.READ_STATUS["unavailable"]
     assert any("not a positive integer of at most 18 digits" in v["reason"] for v in found)
     assert {v["results_file"]: v["status"] for v in found if v["results_file"]}[str(a)] == "below_floor"
+
+
+def test_a_name_the_terminal_cannot_show_is_escaped_never_a_crash(tmp_path: Path) -> None:
+    path = write_results(tmp_path, 0.9, model_name="m\u00e9")
+    document = json.loads(path.read_text())
+    document["results"] = {"t\u00e2che": document["results"]["gsm8k"]}
+    path.write_text(json.dumps(document))
+    run = subprocess.run([PYTHON, "-m", "probe", "read", str(tmp_path)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"})  # fmt: skip
+    assert run.returncode == 0 and "t\\xe2che" in run.stdout, run.stderr
+    (verdict,) = json.loads(read(tmp_path, "--json").stdout)
+    assert (verdict["task"], verdict["model"]) == ("t\u00e2che", "m\u00e9")

@@ -94,6 +94,7 @@ class Source:
     started_at: float | None = None
     concurrency: int | None = None
     trip_record: Path | None = None
+    model: str | None = None  # lm-eval's model_name, where the results file records one
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ class Verdict:
             "pathology": self.pathology,
             "floor": self.floor,
             "higher_is_better": self.higher_is_better,
+            "model": self.source.model,
             "concurrency": self.source.concurrency,
             "results_file": _text(self.source.results_file),
             "run_id": self.source.run_id,

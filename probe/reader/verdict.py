@@ -184,7 +184,7 @@ class _Judge:
         """The verdicts on every task of one results file, groups folded onto their tasks."""
         c, trip = evaluation.candidate, evaluation.trip
         source = Source(c.path, c.run_id or (trip.run_id if trip else None), c.started_at, c.concurrency,
-                        trip.path if trip else None)  # fmt: skip
+                        trip.path if trip else None, c.model_name)  # fmt: skip
         results = c.results or {}
         facts = _RunFacts(c, trip)
         view = evaluation.sidecar
