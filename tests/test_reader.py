@@ -86,7 +86,8 @@ def test_default_task_and_metric_are_reported(tmp_path) -> None:
 
 
 def test_a_tripped_run_is_below_floor_whatever_the_score(tmp_path) -> None:
-    write_results(tmp_path, 0.95, date=2.0)
+    # A results file without a run identity: the trip record is its own by time and model.
+    write_results(tmp_path, 0.95, date=2.0, model_name="m")
     write_sidecar(tmp_path, tripped_at=3.0)
     verdict = classify(tmp_path, 0.5)
     assert verdict.status == "below_floor" and verdict.score == 0.95

@@ -50,6 +50,7 @@ class Candidate:
     # lm-eval's higher_is_better: task -> {metric: whether higher is better}, the metrics it computed
     directions: dict[str, dict[str, bool]] | None = None
     generate_tasks: frozenset[str] = frozenset()  # tasks whose configs say output_type generate_until
+    superseded: frozenset[str] = frozenset()  # its tasks a newer file holds (read --newest): not shown
 
     @property
     def run_id(self) -> str | None:
@@ -142,11 +143,20 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
         subtasks = _subtasks(document.get("group_subtasks"))
     except Unreadable as error:
         return Candidate(path, concurrency, reason=f"cannot read {path}: {error}")
-    name = document.get("model_name")
+    name = document.get("model_name") or _evidence_model(evidence)
     return Candidate(path, concurrency, started, document["results"], evidence=evidence, subtasks=subtasks,
                      model_name=name if isinstance(name, str) else None,
                      directions=_directions(document.get("higher_is_better")),
                      generate_tasks=_generate_tasks(document.get("configs")))  # fmt: skip
+
+
+def _evidence_model(evidence: dict[str, Any] | None) -> str | None:
+    """The model the probe saw every generate request made for, where lm-eval recorded no
+    ``model_name`` (InferenceX's lm-eval, b315ef3, records ``""``); None unless exactly one."""
+    models = (evidence or {}).get("models")
+    if isinstance(models, list) and len(models) == 1 and isinstance(models[0], str):
+        return models[0]
+    return None
 
 
 def _directions(value: Any) -> dict[str, dict[str, bool]] | None:

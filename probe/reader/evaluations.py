@@ -50,26 +50,30 @@ class Holdings:
 def holdings(candidates: list[Candidate], records: list[Sidecar], newest_only: bool = False) -> Holdings:
     """Pair ``candidates`` with ``records`` (``records[0]`` is the directory's sidecar).
 
-    With ``newest_only``, each slot (model directory and concurrency) keeps only its newest
-    results file, and an orphan trip is dropped when a results file of the same model, in
-    lm-eval's own layout, started after it (a re-run); one whose model cannot be told, or
-    whose only later runs are InferenceX concurrencies, is never dropped.
+    With ``newest_only``, each slot (model directory and concurrency) keeps, per model and per
+    task, only the newest results (``_newest_per_slot``), and an orphan trip is dropped when a
+    results file of the same model, in lm-eval's own layout, started after it (a re-run); one
+    whose model cannot be told, or whose only later runs are InferenceX concurrencies, is never
+    dropped. A trip record is paired only with the run it belongs to: by run identity, else by
+    time and model (``_may_own``).
     """
     sidecar = records[0]
     trips = [TripContext(r.trip, r.final, r.path) for r in records if r.records_a_trip]
     readable = [c for c in candidates if c.reason is None and c.results is not None]
     unusable = [c for c in candidates if c.reason is not None or c.results is None]
     paired, orphans = _pair(readable, trips)
+    shown: dict[int, set[str]] = {}  # the tasks each kept results file is shown for (all: absent)
     if newest_only:
-        readable, unusable = _newest_per_slot(candidates)
+        readable, unusable, shown = _newest_per_slot(candidates)
         superseded = _superseded_by(readable)
         orphans = [t for t in orphans if not superseded(t)]
     default = _unpaired_state(sidecar)
     latest_trip = max((t.tripped_at for t in trips), default=None)
     evaluations = [
-        Evaluation(c, paired.get(id(c)), _view(paired.get(id(c)), c, latest_trip, sidecar, default))
+        Evaluation(_only(c, shown.get(id(c))), paired.get(id(c)), _view(paired.get(id(c)), c, latest_trip, sidecar,
+                                                                          default))
         for c in sorted(readable, key=_order)
-    ]
+    ]  # fmt: skip
     broken = [r for r in records[1:] if r.state is SidecarState.UNREADABLE]
     return Holdings(evaluations, unusable, orphans, broken, sidecar)
 
@@ -111,6 +115,10 @@ def _pair(readable: list[Candidate], trips: list[TripContext]) -> tuple[dict[int
 
 
 def _may_own(candidate: Candidate, trip: TripContext) -> bool:
+    """Whether a run without a run identity may own ``trip``: it started before the trip, and
+    both name the same model (where either names none, whose trip it is cannot be told)."""
+    if candidate.model_name is None or candidate.model_name != trip.model:
+        return False
     return candidate.started_at is not None and trip.tripped_at >= candidate.started_at - STALE_SLACK_S
 
 
@@ -120,22 +128,54 @@ def _all_predate(latest_trip: float | None, candidate: Candidate) -> bool:
         latest_trip < candidate.started_at - STALE_SLACK_S)  # fmt: skip
 
 
-def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate], dict[int, set[str]]]:
+    """Per slot (model directory and concurrency), per model (lm-eval's ``model_name``) and per
+    task, the newest results: (the files kept, the unusable ones, the tasks each kept file is
+    the newest of, by ``id``). Models that share a directory, and tasks run one invocation at a
+    time into one path, are each kept. A file that cannot be read makes its whole slot unusable
+    (it may be any model's newest run)."""
     slots: dict[tuple[str, int | None], list[Candidate]] = {}
     for candidate in candidates:
         slots.setdefault(candidate.slot, []).append(candidate)
-    readable, unusable = [], []
+    readable: list[Candidate] = []
+    unusable: list[Candidate] = []
+    shown: dict[int, set[str]] = {}
     for members in slots.values():
-        chosen = newest(members)
-        if chosen is None:
+        if any(c.reason is not None or c.results is None for c in members):
+            chosen = newest(members)
+            unusable += [chosen] if chosen is not None else []
             continue
-        twins = [c for c in members if c is not chosen and chosen.run_id is not None and c.run_id == chosen.run_id]
-        if twins and chosen.reason is None:
-            # One run writes one results file: another file of this run may say it was cut short.
-            chosen = replace(chosen, reason=f"{chosen.path} and {twins[0].path} carry the same run id "
-                             f"{chosen.run_id!r}: which one is that run's results cannot be told")  # fmt: skip
-        (unusable if chosen.reason is not None or chosen.results is None else readable).append(chosen)
-    return readable, unusable
+        holders: dict[tuple[str | None, str], list[Candidate]] = {}
+        for candidate in members:
+            for task in candidate.results or {}:
+                holders.setdefault((candidate.model_name, task), []).append(candidate)
+        for (_, task), files in holders.items():
+            chosen = newest(files)
+            if chosen is None:
+                continue
+            twins = [c for c in files if c is not chosen and chosen.run_id is not None and c.run_id == chosen.run_id]
+            if twins and chosen.reason is None:
+                # One run writes one results file: another file of this run may say it was cut short.
+                chosen = replace(chosen, reason=f"{chosen.path} and {twins[0].path} carry the same run id "
+                                 f"{chosen.run_id!r}: which one is that run's results cannot be told")  # fmt: skip
+            if chosen.reason is not None:
+                if all(u.reason != chosen.reason for u in unusable):
+                    unusable.append(chosen)
+                continue
+            if id(chosen) not in shown:
+                readable.append(chosen)
+            shown.setdefault(id(chosen), set()).add(task)
+    return readable, unusable, shown
+
+
+def _only(candidate: Candidate, tasks: set[str] | None) -> Candidate:
+    """``candidate`` with only the results rows of ``tasks`` (None: all of them)."""
+    results = candidate.results or {}
+    if tasks is None or tasks >= set(results):
+        return candidate
+    groups = {g: members for g, members in (candidate.subtasks or {}).items() if g in tasks}
+    return replace(candidate, results={t: row for t, row in results.items() if t in tasks}, subtasks=groups,
+                   superseded=frozenset(results) - tasks)  # fmt: skip
 
 
 def _superseded_by(readable: Iterable[Candidate]) -> Callable[[TripContext], bool]:

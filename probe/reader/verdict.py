@@ -197,7 +197,7 @@ class _Judge:
         found += [
             self.unavailable(source, f"the probe's records name task {name!r} as cut short, but {c.path.name} has "
                              "no results row for it: the evidence contradicts itself", task=name, sidecar=view)
-            for name in sorted(facts.cut_short - set(results))
+            for name in sorted(facts.cut_short - set(results) - c.superseded)
         ]  # fmt: skip
         # A group follows every row of its tasks, those that cannot be judged included.
         judged = {v.task or "": v for v in found}

@@ -56,6 +56,7 @@ class Probe:
         self.tasks = TaskBook()
         self.loglikelihood_requests = 0
         self.backends: set[str] = set()  # lm-eval's backends seen making generate requests
+        self.models: set[str] = set()  # the model names its generate requests were made for
         self.ownership = SidecarOwnership()
         self.errors = ErrorReports()
         self.gates = Gates(settings)
@@ -115,6 +116,8 @@ class Probe:
         with self.lock:
             group = self.groups.get(gen_kwargs)
             self.backends.add(backend)
+            if isinstance(model, str):
+                self.models.add(model)
             request = Request(
                 group, list(prompts), largest, is_evidence, model if isinstance(model, str) else None,
                 public_url(getattr(lm, "base_url", None)), backend, tasks, fewest, budget_source=budget_source,
@@ -418,6 +421,7 @@ class Probe:
                 "schema_version": SCHEMA_VERSION,
                 "probe_version": PROBE_VERSION,
                 "backends": sorted(self.backends),
+                "models": sorted(self.models),
                 "run_id": self.run_id,
                 "evaluation": self.evaluation,
                 "pid": os.getpid(),
