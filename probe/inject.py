@@ -35,7 +35,7 @@ from patcher.markers import SITECUSTOMIZE
 from patcher.payload import Payload
 from probe.runtime.bootstrap import PACKAGE
 from probe.runtime.chain import MADE_BY_PROBE
-from probe.runtime.contract import ENV_REPORT, PROBE_VERSION
+from probe.runtime.contract import PROBE_VERSION
 from probe.runtime.integrations import targets
 
 RUNTIME = Path(__file__).resolve().parent / "runtime"
@@ -110,7 +110,7 @@ def sitecustomize_text(chain: bool = False) -> str:
         f"    chain = {chained}\n"
         '    namespace = {"__name__": "_hyperloom_eval_probe_boot"}\n'
         '    exec(compile(bootstrap, f"{origin} (lm-eval-probe bootstrap)", "exec"), namespace)\n'
-        f'    namespace["boot"](modules, origin, chain, {targets()!r}, {ENV_REPORT!r})\n'
+        f'    namespace["boot"](modules, origin, chain, {targets()!r})\n'
         "\n"
         "\n"
         "try:\n"

@@ -232,11 +232,11 @@ def summary(
             + (f"; {signalled}" if signalled else "")
             + f"; run eval-probe read {result_dir}"
         )
-    if not evaluations and not os.path.lexists(f"{report}.loaded"):
+    if not evaluations and not os.path.lexists(f"{report}.active"):
         return (
-            "summary: NOT WATCHED: the probe never loaded in any process of the command (a Python run with -I, "
-            "-E or -S, sudo, env -i, a container or a remote shell leaves PYTHONPATH behind), so it observed "
-            "nothing" + other + (f"; {signalled}" if signalled else "")
+            "summary: NOT WATCHED: the probe was active in no process of the command (no lm-eval ran, or it ran "
+            "where PYTHONPATH does not reach: python -I, -E or -S, sudo, env -i, a container, a remote shell), so "
+            "it observed nothing" + other + (f"; {signalled}" if signalled else "")
         )
     if not evaluations:
         if signalled:

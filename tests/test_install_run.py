@@ -485,12 +485,12 @@ def test_a_python_that_never_loads_the_probe_is_warned_about_and_never_called_wa
     run = eval_probe_run(tmp_path, command[0], *flags, *command[1:])
     assert run.returncode == 0, run.stderr[-2000:]
     assert "WARNING: -" in run.stderr and "the probe cannot load in that process" in run.stderr
-    assert "summary: NOT WATCHED: the probe never loaded in any process of the command" in run.stderr
+    assert "summary: NOT WATCHED: the probe was active in no process of the command" in run.stderr
     assert "did not trip" not in run.stderr
 
 
 def test_the_summary_never_calls_a_flag_cut_off(tmp_path: Path) -> None:
-    report, loaded = tmp_path / "observed.json", tmp_path / "observed.json.loaded"
+    report, loaded = tmp_path / "observed.json", tmp_path / "observed.json.active"
     loaded.touch()
     task = figures(
         observations=64,

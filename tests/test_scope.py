@@ -210,7 +210,7 @@ def test_a_file_with_the_users_code_besides_the_probe_is_never_skipped(tmp_path:
 def test_the_stub_waits_for_every_integration_and_nothing_else() -> None:
     from probe.inject import sitecustomize_text
 
-    assert f"{targets()!r}, " in sitecustomize_text()
+    assert f"{targets()!r})" in sitecustomize_text()
     assert len(set(targets())) == len(INTEGRATIONS)
 
 
@@ -326,6 +326,8 @@ def test_a_reinstall_that_fails_half_way_undoes_only_its_own_work(result_dir, ca
 @pytest.mark.entry
 def test_an_evaluation_started_after_another_tripped_is_a_fresh_scope(result_dir) -> None:
     """The scopes themselves: a new evaluation owns new groups, lock, gates, sidecar and run id."""
+    import lm_eval.evaluator  # noqa: F401 - imported here: uninstalling must leave it imported
+
     from probe.runtime import install
 
     try:

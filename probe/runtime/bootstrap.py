@@ -88,22 +88,9 @@ class WaitForLmEval:
             self.asking.discard(asking)
 
 
-def mark_loaded(report_env: str) -> None:
-    """Create ``REPORT.loaded`` beside the report the variable ``report_env`` names, if any."""
-    import os
-
-    report = os.environ.get(report_env) if report_env else None
-    if report:
-        try:  # noqa: SIM105 - the stub imports nothing it can do without (contextlib)
-            os.close(os.open(report + ".loaded", os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644))
-        except OSError:
-            pass
-
-
-def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = (), report_env: str = "") -> None:
+def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) -> None:
     """Arrange for the runtime to install on ``targets`` (module names); acts at most once per
-    process. Where ``report_env`` names a report (``eval-probe run``), a file beside it says the
-    probe loaded in a process of the command.
+    process.
 
     ``chain_source`` (``probe/runtime/chain.py``) is given only by a sitecustomize.py the
     probe created itself, which must also run the one it shadows, even when it stands down
@@ -119,7 +106,6 @@ def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = (), 
         chain["chain_next_sitecustomize"](origin)
     if booted:
         return  # installed twice (appended twice, chained, or loaded two ways): act once
-    mark_loaded(report_env)
     sys.meta_path.insert(0, WaitForLmEval(packed, origin, targets))
     imported = [name for name in targets if name in sys.modules]
     runtime = load_runtime(packed, origin) if imported else None

@@ -21,7 +21,7 @@ from probe.runtime.integration import Integration
 from probe.runtime.integrations import integration_for
 from probe.runtime.log import forget_said, say, say_once
 from probe.runtime.patching import hooks_in, own_replacements, restore_all, restore_own
-from probe.runtime.report import settle
+from probe.runtime.report import mark_active, settle
 from probe.runtime.results import carry_evidence
 from probe.runtime.versions import lm_eval_version
 
@@ -40,6 +40,7 @@ def _install(integration: Integration, module: Any, made: list) -> bool:
     try:
         if not (_activate(integration) if integration.in_lm_eval else read_settings()[0].enabled):
             return False
+        mark_active()
         if module is None:
             module = importlib.import_module(integration.waits_for)
         # Always: each hook is put in place where it is missing, so one that a pipeline's wrapper

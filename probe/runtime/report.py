@@ -93,6 +93,15 @@ def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
         )
 
 
+def mark_active() -> None:
+    """Under ``eval-probe run``: ``REPORT.active`` says the probe was active (installed on
+    lm-eval or vLLM) in a process of the command; never raises."""
+    path = os.environ.get(ENV_REPORT)
+    if path:
+        with contextlib.suppress(OSError):
+            os.close(_open(f"{path}.active", os.O_WRONLY | os.O_CREAT))
+
+
 def settle(scopes: Iterable[Any]) -> None:
     """Add the final counters to the sidecars ``scopes`` wrote, and their evaluations (those
     that saw anything) to the report, if one is asked for; never raises. Called as each
