@@ -206,6 +206,11 @@ def summary(
     elif sidecar.state == "valid":
         v = sidecar.trip
         cut = sidecar.final.get("short_circuited_requests") if sidecar.final else "?"
+        # Several of the command's evaluations tripped into this directory (each later one moved
+        # the earlier record aside): the report has each one's count.
+        tripped = [e for e in evaluations if e.get("tripped") is True]
+        if len(tripped) > 1 and _as_written(tripped):
+            cut = f"{sum(_short_circuited(e) for e in tripped)} (in {len(tripped)} of {len(evaluations)} evaluations)"
         what, advice = cause_words(v.get("cause"))
         also = _trips_elsewhere(report, sidecar.path)
         return (
@@ -284,6 +289,12 @@ def summary(
         + f", in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}{other}"
         + (f"; then {signalled}" if signalled else "")
     )
+
+
+def _short_circuited(evaluation: dict) -> int:
+    """How many requests the probe answered blank in one evaluation of the report."""
+    counted = [*evaluation["tasks"].values(), *([evaluation["unattributed"]] if evaluation.get("unattributed") else [])]
+    return sum(f.get("short_circuited", 0) for f in counted if is_count(f.get("short_circuited", 0)))
 
 
 def _holds_anything(directory: Path) -> bool:

@@ -528,3 +528,17 @@ def test_python_without_its_site_is_warned_about_too(tmp_path: Path) -> None:
     run = eval_probe_run(tmp_path, PYTHON, "-S", "-c", "pass")
     assert run.returncode == 0 and "WARNING: -S keeps Python from reading PYTHONPATH" in run.stderr
     assert "summary: NOT WATCHED" in run.stderr
+
+
+def test_two_evaluations_that_both_trip_into_one_directory_are_both_reported(sim, local_task, tmp_path: Path) -> None:
+    server, output = sim("never_stop"), tmp_path / "out"
+    command = shlex.join(local_task.lm_eval_command(server.base_url, "sim", output, 2048, 8))
+    run = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", "bash", "-c",
+                          f"{command} && {command}"], env=offline_env(None), capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    blank = [json.loads(p.read_text())[contract.EVIDENCE_KEY] for p in sorted(output.rglob("results_*.json"))]
+    assert len(blank) == 2 and all(e["tripped"] for e in blank)
+    total = sum(f["short_circuited"] for e in blank for f in e["tasks"].values())
+    assert f"{total} (in 2 of 2 evaluations) requests short-circuited" in run.stderr, run.stderr[-2000:]
+    assert len(list(output.glob(contract.SIDECAR_NAME + ".stale-*"))) == 1  # the first record, moved aside
