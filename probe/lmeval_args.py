@@ -104,9 +104,41 @@ def output_path_in(command: Sequence[str], options: Sequence[Option] | None = No
 
     ``options`` is lm-eval's option table (default: the importable lm-eval's, else ``FALLBACK``).
     """
+    known = _known(command, options)
+    return getattr(known, "output_path", None) if known is not None else None
+
+
+def results_dir_of(command: Sequence[str], options: Sequence[Option] | None = None) -> str | None:
+    """Where lm-eval run by ``command`` writes its results: its ``--output_path``, else the
+    ``output_path`` its ``--config`` file sets (read where PyYAML is importable); the directory
+    of a path that names a ``.json`` file, since lm-eval writes ``<stem>_<time>.json`` beside it.
+    None when it cannot be told."""
+    path = output_path_in(command, options)
+    known = _known(command, options) if path is None else None
+    if known is not None and getattr(known, "config", None):
+        path = _output_path_in_config(known.config)
+    if isinstance(path, str) and path.endswith(".json"):
+        return os.path.dirname(path) or "."
+    return path if isinstance(path, str) else None
+
+
+def _known(command: Sequence[str], options: Sequence[Option] | None) -> argparse.Namespace | None:
     table = options if options is not None else (options_from_lm_eval() or FALLBACK)
     try:
         known, _ = _parser(table).parse_known_args(lm_eval_arguments(command))
     except (_Refused, argparse.ArgumentError):
         return None
-    return getattr(known, "output_path", None)
+    return known
+
+
+def _output_path_in_config(config: str) -> str | None:
+    """The ``output_path`` of lm-eval's YAML ``config`` file; None when it has none or cannot be read."""
+    try:
+        import yaml
+
+        with open(config, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except Exception:  # no PyYAML, no file, not YAML: not known
+        return None
+    value = document.get("output_path") if isinstance(document, dict) else None
+    return value if isinstance(value, str) else None

@@ -17,7 +17,7 @@ from typing import Any
 
 from probe import processgroup
 from probe.inject import sitecustomize_text
-from probe.lmeval_args import output_path_in
+from probe.lmeval_args import results_dir_of
 from probe.reader.documents import Unreadable
 from probe.reader.evidence import cap_rate, run_evidence
 from probe.reader.sidecar import read_sidecar
@@ -54,7 +54,7 @@ def run(command: list[str], result_dir: str | None = None) -> int:
 
 
 def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> int:
-    chosen = result_dir or output_path_in(command)
+    chosen = result_dir or results_dir_of(command)
     made: Path | None = None
     if chosen:
         result = Path(chosen).resolve()

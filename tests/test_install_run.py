@@ -542,3 +542,24 @@ def test_two_evaluations_that_both_trip_into_one_directory_are_both_reported(sim
     total = sum(f["short_circuited"] for e in blank for f in e["tasks"].values())
     assert f"{total} (in 2 of 2 evaluations) requests short-circuited" in run.stderr, run.stderr[-2000:]
     assert len(list(output.glob(contract.SIDECAR_NAME + ".stale-*"))) == 1  # the first record, moved aside
+
+
+def test_the_directory_named_is_where_lm_eval_writes_for_a_json_path_and_a_config(tmp_path: Path) -> None:
+    from probe.lmeval_args import FALLBACK, results_dir_of
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text(f"output_path: {tmp_path / 'from-config'}\n")
+    assert results_dir_of(["lm_eval", "--output_path", str(tmp_path / "res.json")]) == str(tmp_path)
+    assert results_dir_of(["lm_eval", "--output_path", "res.json"]) == "."
+    # lm-eval run --config (0.4.10 on: 0.4.13's table)
+    assert results_dir_of(["lm-eval", "run", "--config", str(config)], FALLBACK) == str(tmp_path / "from-config")
+    assert results_dir_of(["lm-eval", "run", "--config", str(tmp_path / "missing.yaml")], FALLBACK) is None
+
+
+@pytest.mark.entry
+def test_run_with_a_json_output_path_names_and_reads_where_lm_eval_wrote(sim, local_task, tmp_path: Path) -> None:
+    server, output = sim("never_stop"), tmp_path / "out"
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output / "res.json", 2048, 16))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"sidecar and results go to {output}\n" in run.stderr and not (output / "res.json").is_dir()
+    assert (output / contract.SIDECAR_NAME).exists() and f"Next: eval-probe read {output}" in run.stderr
