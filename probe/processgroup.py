@@ -38,10 +38,10 @@ _LOOKS = 3
 def signal_group(group: int, number: int) -> None:
     """Send signal ``number`` to every process of ``group``, then SIGCONT, as a shell's ``kill`` does
     for a job: a stopped process acts on a signal only once continued, and would otherwise keep
-    us waiting on it for ever. Nothing when none is left."""
+    us waiting on it for ever (but after SIGSTOP, which is meant to stop it). Nothing when none is left."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, number)
-        if number != signal.SIGCONT:
+        if number not in (signal.SIGCONT, signal.SIGSTOP):
             os.killpg(group, signal.SIGCONT)
 
 

@@ -123,7 +123,10 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 class _Forwarder:
     """While entered, SIGINT, SIGTERM, SIGHUP and SIGQUIT go to the command's process group once it has
-    one (``group``), and are kept in ``pending`` until then."""
+    one (``group``), and are kept in ``pending`` until then. Job control works as without the
+    wrapper: Ctrl-Z (SIGTSTP) stops the command's group and then this process, and SIGCONT (the
+    shell's ``fg`` or ``bg``) continues both. (The command runs in a session of its own, where the
+    kernel drops SIGTSTP: its group gets SIGSTOP.)"""
 
     def __init__(self) -> None:
         self.group: int | None = None
@@ -132,6 +135,8 @@ class _Forwarder:
 
     def __enter__(self) -> _Forwarder:
         self._previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
+        self._previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self._suspend)
+        self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._resume)
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -143,6 +148,15 @@ class _Forwarder:
         self.group = group
         while self.pending:
             processgroup.signal_group(group, self.pending.pop(0))
+
+    def _suspend(self, _number: int, _frame: object) -> None:
+        if self.group is not None:
+            processgroup.signal_group(self.group, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped, as the shell expects of its job
+
+    def _resume(self, _number: int, _frame: object) -> None:
+        if self.group is not None:
+            processgroup.signal_group(self.group, signal.SIGCONT)
 
     def _forward(self, number: int, _frame: object) -> None:
         if self.group is None:

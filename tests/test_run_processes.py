@@ -306,3 +306,27 @@ def test_the_summary_never_says_did_not_trip_while_what_it_started_still_runs(tm
     [summary] = [line for line in err.splitlines() if line.startswith("[lm-eval-probe] summary:")]
     assert "did not trip" not in summary and "not known yet" in summary, summary
     assert "eval-probe read" in summary
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_ctrl_z_stops_the_command_and_fg_continues_it(tmp_path: Path) -> None:
+    ticks = tmp_path / "ticks"
+    proc = runner(tmp_path, f'while true; do echo x >> "{ticks}"; sleep 0.05; done')
+    try:
+        assert eventually(lambda: ticks.exists() and ticks.stat().st_size > 0)
+        assert eventually(lambda: bool(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()))
+        child = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])  # leads its group
+        proc.send_signal(signal.SIGTSTP)  # what the terminal sends on Ctrl-Z
+        assert eventually(lambda: _state(proc.pid) == "T" and _state(child) == "T")
+        size = ticks.stat().st_size
+        time.sleep(0.5)
+        assert ticks.stat().st_size == size  # the command is paused, not generating on
+        proc.send_signal(signal.SIGCONT)  # the shell's fg
+        assert eventually(lambda: ticks.stat().st_size > size and _state(proc.pid) != "T")
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
