@@ -202,7 +202,8 @@ def summary(
     result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None, still_running: int = 0
 ) -> str:
     """The summary line: what the command's trip record says, else what the probe's report says,
-    else what is known; ``ended_by`` is the signal that ended the command, if one did. A trip
+    else what is known. It speaks only for the command's own evaluations (those its report names)
+    and only for what the probe watched; ``ended_by`` is the signal that ended the command, if one did. A trip
     recorded before ``started`` (when given) is a leftover of an earlier run, and is said so.
     With ``still_running`` processes the command started still at work, no trip yet is no verdict."""
     signalled = "" if ended_by is None else f"the command was ended by signal {ended_by} ({_signal_name(ended_by)})"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.resultfiles import STARTED, figures, write_run, write_sidecar
+from support.resultfiles import STARTED, figures, write_results, write_run, write_sidecar
 
 from probe.reader.model import Status
 from probe.reader.verdict import classify_all
@@ -91,3 +91,48 @@ def test_no_tripped_run_is_hidden_by_another(runs: list[tuple[bool, bool, str]])
                 write_sidecar(root, tripped_at=started + 30, record={"run_id": run_id, "tasks": ["gsm8k"]})
         status = Status.worst(v.status for v in classify_all(root, 0.5))
     assert status is (Status.BELOW_FLOOR if any(t for t, _, _ in runs) else Status.OK), runs
+
+
+RUN = st.tuples(st.sampled_from(["m-a", "m-b", None]), st.booleans(), st.booleans())  # model, probed, killed
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(RUN, min_size=1, max_size=5), st.booleans())
+def test_a_verdict_rests_only_on_its_own_runs_trip_and_no_trip_is_lost(runs: list[tuple], flat: bool) -> None:
+    """Runs of several models into one directory (lm-eval's model directories, or flat as
+    InferenceX writes them), probed or not; each probed run of model m-a trips, and some are
+    killed before they write results. Every trip record is shown (on its run's row, or as a row
+    of its own), and a row cut short by a trip record is that record's run: the same run
+    identity, or, for results without one, the same model."""
+    with tempfile.TemporaryDirectory() as directory:
+        root, records = Path(directory), []
+        for i, (model, probed, killed) in enumerate(runs):
+            run_id, started = f"{i:032x}.{i + 1}", STARTED + 100 * i
+            tripped = probed and model == "m-a"
+            name, where = f"results_2026-11-30T01-00-0{i}.000000.json", None if flat else (model or "unnamed")
+            extra = {"model_name": model} if model else {}
+            if not (tripped and killed):
+                if probed:
+                    task = figures(tripped=tripped, short_circuited=24 if tripped else 0)
+                    write_run(root, {"gsm8k": 0.9}, {"gsm8k": task}, tripped=tripped, run_id=run_id, subdir=where,
+                              name=name, date=started, **extra)  # fmt: skip
+                else:
+                    write_results(root, 0.9, name=name, subdir=where, date=started, **extra)
+            if tripped:  # each trip moves the previous record aside, as the runtime does
+                sidecar = root / contract.SIDECAR_NAME
+                if sidecar.exists():
+                    sidecar.rename(root / f"{contract.SIDECAR_NAME}.stale-{i}")
+                    records[-1] = root / f"{contract.SIDECAR_NAME}.stale-{i}"
+                record = {"run_id": run_id, "tasks": ["gsm8k"], "model": model}
+                write_sidecar(root, tripped_at=started + 30, record=record)
+                records.append(sidecar)
+        verdicts = classify_all(root, 0.5)
+        shown = {v.source.trip_record for v in verdicts if v.source.trip_record is not None}
+        assert {r.resolve() for r in records} <= {Path(p).resolve() for p in shown}, (runs, flat)
+        for v in verdicts:
+            if v.source.results_file is None or v.source.trip_record is None or v.pathology is None:
+                continue
+            trip = json.loads(Path(v.source.trip_record).read_text())["verdict"]
+            document = json.loads(Path(v.source.results_file).read_text())
+            own = (document.get(contract.EVIDENCE_KEY) or {}).get("run_id")
+            assert trip["run_id"] == own or (own is None and trip["model"] == document.get("model_name")), (runs, flat)

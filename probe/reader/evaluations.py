@@ -48,7 +48,9 @@ class Holdings:
 
 
 def holdings(candidates: list[Candidate], records: list[Sidecar], newest_only: bool = False) -> Holdings:
-    """Pair ``candidates`` with ``records`` (``records[0]`` is the directory's sidecar).
+    """Pair ``candidates`` with ``records`` (``records[0]`` is the directory's sidecar). A verdict
+    rests only on evidence of its own run: a trip record goes to the run it belongs to, or
+    stands as a row of its own.
 
     With ``newest_only``, each slot (model directory and concurrency) keeps, per model and per
     task, only the newest results (``_newest_per_slot``), and an orphan trip is dropped when a
