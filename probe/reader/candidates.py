@@ -21,6 +21,7 @@ from probe.reader.evidence import run_evidence
 from probe.reader.files import list_directory, read_regular_file, resolve_inside
 
 MAX_RESULTS_BYTES = 64 * 2**20  # real results files are well under 1 MiB
+FILE_SYSTEMS_OWN = "lost+found"  # where fsck puts what it recovers: never lm-eval's results
 
 _TIME = r"\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d{6})?"  # datetime.isoformat(), ':' as '-'
 # lm-eval writes <output_path>/<model>/results_<time>.json, or <stem>_<time>.json next to an
@@ -72,7 +73,8 @@ def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Ca
     Names that neither lm-eval nor InferenceX writes (``results_backup.json``,
     ``meta_env.json``, ``samples_*.jsonl``) are not candidates. A subdirectory that cannot be
     listed, or that is a link leading outside ``result_dir``, is listed with its reason: it
-    may hold the newest results. A file reached twice through links is listed once.
+    may hold the newest results; but a volume's ``lost+found`` (the file system's own, which
+    only root may list) is passed over. A file reached twice through links is listed once.
     ``now`` (default: the clock) bounds the recorded times, see ``recorded_time``.
     """
     root = Path(result_dir)
@@ -84,6 +86,8 @@ def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Ca
     found: list[Candidate] = []
     seen: set[str] = set()
     for entry in entries:
+        if entry.name == FILE_SYSTEMS_OWN and entry.is_dir(follow_symlinks=False):
+            continue
         try:
             files = _files_in(root, entry)
         except Unreadable as error:
