@@ -321,19 +321,30 @@ def _holds_anything(directory: Path) -> bool:
 
 
 def _unhooking_flags(command: list[str]) -> list[str]:
-    """The options of a Python ``command`` that keep the probe out (``-I``, ``-E``, ``-S``, also
-    bundled as ``-IS``), read up to its script, ``-c`` or ``-m``."""
-    if not command or not os.path.basename(command[0]).startswith("python"):
+    """The options of a Python ``command`` (also behind ``env``) that keep the probe out (``-I``,
+    ``-E``, ``-S``, also bundled as ``-IS``), read up to its script, ``-c`` or ``-m``."""
+    words = list(command)
+    if words and os.path.basename(words[0]) == "env":
+        words = words[1:]
+        while words and (words[0].startswith("-") or "=" in words[0]):
+            words = words[1:]
+    if not words or not os.path.basename(words[0]).startswith("python"):
         return []
-    found, arguments = [], iter(command[1:])
+    found: set[str] = set()
+    arguments = iter(words[1:])
     for argument in arguments:
-        if not argument.startswith("-") or argument.startswith("--") or argument in ("-c", "-m"):
+        if not argument.startswith("-") or argument.startswith("--") or argument == "-":
             break
-        letters = argument[1:]
-        found += [f"-{flag}" for flag in "IES" if flag in letters.split("c")[0].split("m")[0]]
-        if letters[-1:] in ("W", "X"):
-            next(arguments, None)  # its value
-    return sorted(set(found))
+        for i, letter in enumerate(argument[1:], 1):
+            if letter in "IES":
+                found.add(f"-{letter}")
+            elif letter in "cm":
+                return sorted(found)  # what follows is the code or the module
+            elif letter in "WX":
+                if i == len(argument) - 1:
+                    next(arguments, None)  # its value is the next word
+                break  # the rest of the word is its value
+    return sorted(found)
 
 
 def _as_written(evaluations: list[dict]) -> bool:

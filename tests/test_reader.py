@@ -106,13 +106,18 @@ def test_a_tripped_run_without_results_is_still_explained(tmp_path) -> None:
 
 def test_a_sidecar_older_than_the_run_is_stale_and_its_own_runs_verdict(tmp_path) -> None:
     write_results(tmp_path, 0.9, date=10_000.0, model_name="m")
-    write_sidecar(tmp_path, tripped_at=1.0)
+    write_sidecar(tmp_path, tripped_at=1.0, record={"tasks": ["gsm8k"]})
     task, orphan = classify_all(tmp_path, 0.5)
     assert task.status == "ok" and task.sidecar.state == "stale"
     # The earlier run tripped and left no results: judged on its own, never hidden.
     assert (orphan.task, orphan.status, orphan.source.trip_record) == (None, "below_floor", tmp_path / SIDECAR)
-    # The newest-only view drops it: a later run of the same model ("m") is there.
+    assert orphan.source.model == "m"
+    # The newest-only view drops it: a later run of the same model ("m") re-ran its task.
     assert [v.status for v in classify_all(tmp_path, 0.5, newest_only=True)] == ["ok"]
+    # Not when the later run holds another task, or the record does not say which it cut short.
+    for tasks in (["gsm8k_cot"], None):
+        write_sidecar(tmp_path, tripped_at=1.0, record={"tasks": tasks})
+        assert [v.status for v in classify_all(tmp_path, 0.5, newest_only=True)] == ["ok", "below_floor"]
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,15 @@ def test_a_lower_is_better_metric_is_never_judged_against_an_accuracy_floor(tmp_
     evaluate(task, "healthy", tmp_path / "out")  # every answer right: error_rate 1.0 by this scoring
     code, (verdict,) = read(tmp_path / "out")
     assert verdict["status"] == "unavailable" and "--lower-is-better" in verdict["reason"] and code == 2
+    # Chosen with --metric, it is still read only the way lm-eval records it.
+    code, (verdict,) = read(tmp_path / "out", "--metric", "error_rate,strict-match", "--floor", "0.5")
+    assert verdict["status"] == "unavailable" and "read it with --lower-is-better" in verdict["reason"]
+    code, (verdict,) = read(tmp_path / "out", "--metric", "error_rate,strict-match", "--floor", "0.5",
+                            "--lower-is-better")  # fmt: skip
+    assert (verdict["status"], code) == ("below_floor", 1)
+    for counted in ("sample_len", "error_rate_stderr,strict-match"):
+        code, (verdict,) = read(tmp_path / "out", "--metric", counted, "--lower-is-better")
+        assert verdict["status"] == "unavailable" and "not a metric lm-eval measured" in verdict["reason"]
 
 
 def test_a_predict_only_run_measured_nothing_and_is_never_ok(tmp_path) -> None:
@@ -112,3 +121,12 @@ def test_answers_replayed_from_lm_evals_cache_never_pass_the_cap_rate_stop(tmp_p
     code, (second,) = read(tmp_path / "second", "--cap-rate-fails", "--max-cap-rate", "0.05")
     assert second["status"] != "ok" and second["cap_rate"] is None and code != 0
     assert "cap rate is unknown" in second["reason"]
+
+
+def test_answers_partly_replayed_from_the_cache_never_pass_the_cap_rate_stop(tmp_path) -> None:
+    task, cache = write_task(tmp_path / "task", 40), str(tmp_path / "cache" / "run")
+    evaluate(task, "mixed", tmp_path / "first", "--use_cache", cache, "--limit", "20", cap_fraction=0.5)
+    evaluate(task, "healthy", tmp_path / "second", "--use_cache", cache)  # 20 replayed, 20 generated
+    code, (verdict,) = read(tmp_path / "second", "--cap-rate-fails", "--max-cap-rate", "0.05")
+    assert verdict["status"] == "unavailable" and "of the 40 documents lm-eval scored" in verdict["reason"]
+    assert code == 2

@@ -64,3 +64,19 @@ def test_a_killed_runs_trip_never_lands_on_another_models_results(tmp_path) -> N
     (a,) = [v for v in verdicts if v["results_file"] is None]  # A's trip, a row of its own
     assert b["status"] == "ok" and b["pathology"] is None
     assert a["status"] == "below_floor" and a["trip_record"] and code == 1
+
+
+def test_a_group_whose_task_was_re_run_never_stands_for_it(tmp_path) -> None:
+    site, output, root = probe_site(tmp_path / "site"), tmp_path / "out", tmp_path / "tasks"
+    first, second = write_task(root, 16), write_task(root, 16, SECOND_TASK)
+    (root / "probe_group.yaml").write_text(f"group: probe_plain_group\ntask:\n  - {first.name}\n  - {second.name}\n")
+    for mode, tasks in (("healthy", "probe_plain_group"), ("never_stop", first.name)):
+        with SimServer(mode) as sim:
+            command = first.lm_eval_command(sim.base_url, "model-a", output / "results.json", 2048, 8)
+            command[command.index(str(first.yaml))] = tasks
+            run = subprocess.run([*command, "--include_path", str(root)], env=offline_env(site, RESULT_DIR=str(output)),
+                                 capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+    code, verdicts = read(output, "--newest", "--floor", "0.5")
+    found = {v["task"]: v["status"] for v in verdicts}
+    assert found == {"probe_plain_group": "unavailable", first.name: "below_floor", second.name: "ok"} and code == 2

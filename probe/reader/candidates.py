@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,8 @@ class Candidate:
     directions: dict[str, dict[str, bool]] | None = None
     generate_tasks: frozenset[str] = frozenset()  # tasks whose configs say output_type generate_until
     superseded: frozenset[str] = frozenset()  # its tasks a newer file holds (read --newest): not shown
+    split_groups: frozenset[str] = frozenset()  # its groups with a task a newer file holds (read --newest)
+    samples: dict[str, int] = field(default_factory=dict)  # lm-eval's n-samples: documents scored, per task
 
     @property
     def run_id(self) -> str | None:
@@ -151,7 +153,8 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
     return Candidate(path, concurrency, started, document["results"], evidence=evidence, subtasks=subtasks,
                      model_name=name if isinstance(name, str) else None,
                      directions=_directions(document.get("higher_is_better")),
-                     generate_tasks=_generate_tasks(document.get("configs")))  # fmt: skip
+                     generate_tasks=_generate_tasks(document.get("configs")),
+                     samples=_samples(document.get("n-samples")))  # fmt: skip
 
 
 def _evidence_model(evidence: dict[str, Any] | None) -> str | None:
@@ -173,6 +176,14 @@ def _directions(value: Any) -> dict[str, dict[str, bool]] | None:
         for task, metrics in value.items()
         if isinstance(metrics, dict)
     }
+
+
+def _samples(value: Any) -> dict[str, int]:
+    """lm-eval's ``n-samples``: how many documents it scored per task (``effective``)."""
+    if not isinstance(value, dict):
+        return {}
+    found = {task: n.get("effective") for task, n in value.items() if isinstance(n, dict)}
+    return {task: n for task, n in found.items() if type(n) is int}
 
 
 def _generate_tasks(configs: Any) -> frozenset[str]:

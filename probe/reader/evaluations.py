@@ -176,20 +176,29 @@ def _only(candidate: Candidate, tasks: set[str] | None) -> Candidate:
     if tasks is None or tasks >= set(results):
         return candidate
     groups = {g: members for g, members in (candidate.subtasks or {}).items() if g in tasks}
+    split = frozenset(g for g, members in groups.items() if not set(members) <= tasks)
     return replace(candidate, results={t: row for t, row in results.items() if t in tasks}, subtasks=groups,
-                   superseded=frozenset(results) - tasks)  # fmt: skip
+                   superseded=frozenset(results) - tasks, split_groups=split)  # fmt: skip
 
 
 def _superseded_by(readable: Iterable[Candidate]) -> Callable[[TripContext], bool]:
-    """Whether a trip whose run left no results is superseded: a results file of the same
-    model in lm-eval's own layout started after it (a re-run). A trip record does not say
-    its InferenceX concurrency, so a staged file (``_conc<N>``) never supersedes one: a
-    later concurrency is another evaluation, not a re-run. Linear: one pass, then a lookup."""
-    latest: dict[str, float] = {}
+    """Whether a trip whose run left no results is superseded: a results file of the same model
+    in lm-eval's own layout, holding every task the trip cut short, started after it (a re-run).
+    A trip record does not say its InferenceX concurrency, so a staged file (``_conc<N>``) never
+    supersedes one: a later concurrency is another evaluation, not a re-run."""
+    later: dict[str, list[Candidate]] = {}
     for c in readable:
         if c.concurrency is None and c.model_name is not None and c.started_at is not None:
-            latest[c.model_name] = max(latest.get(c.model_name, c.started_at), c.started_at)
-    return lambda trip: trip.model is not None and latest.get(trip.model, trip.tripped_at) > trip.tripped_at
+            later.setdefault(c.model_name, []).append(c)
+
+    def superseded(trip: TripContext) -> bool:
+        tasks = trip.record.get("tasks")
+        if trip.model is None or not isinstance(tasks, list) or not tasks:
+            return False  # which tasks it cut short is not recorded: never dropped
+        return any((c.started_at or 0.0) > trip.tripped_at and set(tasks) <= set(c.results or {})
+                   for c in later.get(trip.model, []))  # fmt: skip
+
+    return superseded
 
 
 def _unpaired_state(sidecar: Sidecar) -> SidecarState:

@@ -164,7 +164,7 @@ class _Judge:
         """A run that tripped and left no results file: below_floor, with the trip's evidence."""
         words = trip_words(trip.record)
         return self.verdict(
-            Source(run_id=trip.run_id, trip_record=trip.path), Status.BELOW_FLOOR,
+            Source(run_id=trip.run_id, trip_record=trip.path, model=trip.model), Status.BELOW_FLOOR,
             f"{words.reason} (the probe tripped); and no results file of this run {_NO_RESULTS}: it ended before "
             "lm-eval wrote one", cause=words.cause, pathology=_pathology(trip, None),
             sidecar=SidecarView(SidecarState.VALID, trip.path), evidence_status=Status.BELOW_FLOOR,
@@ -216,6 +216,10 @@ class _Judge:
         figures = facts.figures.get(task)
         base = {"task": task, "metric": metric, "score": value, "evidence": figures, "cap_rate": ev.cap_rate(figures),
                 "sidecar": evaluation.sidecar}  # fmt: skip
+        if task in c.split_groups:
+            return self.unavailable(source, "a task of this group was re-run into a newer results file (read "
+                                    "--newest): the group's own row no longer stands for its tasks, judge them by "
+                                    "their rows", **base)  # fmt: skip
         if task in (c.subtasks or {}) and not measured(metrics, None) and metric not in metrics:
             return self.verdict(source, Status.OK, "a group without a score of its own", follows_tasks=True, **base)
         if self.sidecar.state is SidecarState.UNREADABLE:
@@ -236,16 +240,35 @@ class _Judge:
             return self.unavailable(source, f"metric {metric!r} is not in task {task!r}", **base)
         if value is None:
             return self.unavailable(source, f"the score {metrics.get(metric)!r} is not a finite number", **base)
+        if options.metric and metric not in measured(metrics, directions):
+            return self.unavailable(source, f"{metric!r} is not a metric lm-eval measured for task {task!r} (a count, "
+                                    "a standard error or a placeholder)", **base)  # fmt: skip
         higher = (directions or {}).get(metric.split(",")[0], options.higher_is_better)
-        if not options.metric and higher is not options.higher_is_better:
+        if higher is not options.higher_is_better:
             side, flag = ("lower", "with") if options.higher_is_better else ("higher", "without")
-            why = f"lm-eval records {side} as better for {metric!r}: choose it with --metric, {flag} --lower-is-better"
-            return self.unavailable(source, f"{why}, and a floor on its scale", **base)
-        if figures is None and c.evidence is not None and task in c.generate_tasks and options.cap_rate_fails:
-            return self.unavailable(source, "the probe observed none of this task's generations (answers replayed "
-                                    "from lm-eval's cache?): its cap rate is unknown, and --cap-rate-fails lets "
-                                    "none through", **base)  # fmt: skip
+            how = f"read it {flag} --lower-is-better" if options.metric else f"choose it with --metric, {flag} " \
+                "--lower-is-better"
+            return self.unavailable(source, f"lm-eval records {side} as better for {metric!r}: {how}, and a floor on "
+                                    "its scale", **base)  # fmt: skip
+        unseen = self.unobserved(c, task, figures)
+        if unseen and options.cap_rate_fails:
+            return self.unavailable(source, f"{unseen}: its cap rate is unknown, and --cap-rate-fails lets none "
+                                    "through", **base)  # fmt: skip
         return self.score(source, value, figures, self.caveat(figures, value), **base)
+
+    @staticmethod
+    def unobserved(c: Any, task: str, figures: dict | None) -> str:
+        """Why the probe did not see every generation lm-eval scored for a probed generate task
+        (answers replayed from lm-eval's cache reach no model), or "" when it saw them all."""
+        if c.evidence is None or task not in c.generate_tasks:
+            return ""
+        if figures is None:
+            return "the probe observed none of this task's generations (answers replayed from lm-eval's cache?)"
+        seen, scored = figures.get("generate_requests"), c.samples.get(task)
+        if isinstance(seen, int) and isinstance(scored, int) and seen < scored:
+            return (f"the probe observed the generations of {seen} of the {scored} documents lm-eval scored (the "
+                    "rest replayed from lm-eval's cache?)")  # fmt: skip
+        return ""
 
     def caveat(self, figures: dict | None, value: float, force: bool = False) -> dict[str, Any] | None:
         """The caveat due to a score built on ``figures`` (with ``force``, whatever the cap rate)."""
