@@ -23,7 +23,7 @@ from probe.reader.evidence import cap_rate, run_evidence
 from probe.reader.sidecar import read_sidecar
 from probe.runtime.contract import ENV_REPORT, EVIDENCE_KEY, RESULT_DIR_VARS, cause_words
 from probe.runtime.log import PREFIX
-from probe.runtime.report import read_report
+from probe.runtime.report import noted_trips, read_report
 from probe.runtime.sidecar import is_count
 
 # SIGQUIT too: Ctrl-\ at a terminal reaches only eval-probe (the command has a session of its own).
@@ -214,9 +214,12 @@ def summary(
     # A trip record is this command's only when one of its evaluations wrote it: the report names
     # their run identities (a killed command reports none: then its start time decides).
     evaluations = read_report(str(report))
-    ours = {e.get("run_id") for e in evaluations}
+    # The command's run identities: its evaluations', and those of its trips (noted before each
+    # record is written, so a process killed before it reported still counts).
+    ours = {e.get("run_id") for e in evaluations} | noted_trips(str(report))
+    mine = sidecar.state == "valid" and sidecar.trip.get("run_id") in ours
     leftover = started is not None and sidecar.state == "valid" and sidecar.trip["tripped_at"] < started
-    if sidecar.state == "valid" and (leftover or (evaluations and sidecar.trip.get("run_id") not in ours)):
+    if sidecar.state == "valid" and not mine and (leftover or ours):
         other = f"; the sidecar {sidecar.path} is another run's, not this one's"
     elif sidecar.state == "valid":
         v = sidecar.trip

@@ -563,3 +563,17 @@ def test_run_with_a_json_output_path_names_and_reads_where_lm_eval_wrote(sim, lo
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"sidecar and results go to {output}\n" in run.stderr and not (output / "res.json").is_dir()
     assert (output / contract.SIDECAR_NAME).exists() and f"Next: eval-probe read {output}" in run.stderr
+
+
+def test_a_trip_whose_process_was_killed_stays_the_commands_own(sim, local_task, tmp_path: Path) -> None:
+    # A CI step's timeout kills the tripped lm-eval before it reports; a healthy one runs after it.
+    never, healthy, output = sim("never_stop"), sim("healthy"), tmp_path / "out"
+    first = shlex.join(local_task.lm_eval_command(never.base_url, "sim", output, 2048, 8))
+    second = shlex.join(local_task.lm_eval_command(healthy.base_url, "sim", output, 2048, 8))
+    sidecar = shlex.quote(str(output / contract.SIDECAR_NAME))
+    script = (f"{first} & pid=$!; until [ -e {sidecar} ]; do sleep 0.1; done; kill -9 $pid; wait $pid; "
+              f"{second}")  # fmt: skip
+    run = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", "bash", "-c", script],
+                         env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "summary: TRIPPED (non_terminating)" in run.stderr and "another run's" not in run.stderr, run.stderr[-1500:]

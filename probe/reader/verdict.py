@@ -246,8 +246,11 @@ class _Judge:
         higher = (directions or {}).get(metric.split(",")[0], options.higher_is_better)
         if higher is not options.higher_is_better:
             side, flag = ("lower", "with") if options.higher_is_better else ("higher", "without")
-            how = f"read it {flag} --lower-is-better" if options.metric else f"choose it with --metric, {flag} " \
-                "--lower-is-better"
+            how = (
+                f"read it {flag} --lower-is-better"
+                if options.metric
+                else f"choose it with --metric, {flag} --lower-is-better"
+            )
             return self.unavailable(source, f"lm-eval records {side} as better for {metric!r}: {how}, and a floor on "
                                     "its scale", **base)  # fmt: skip
         unseen = self.unobserved(c, task, figures)

@@ -35,6 +35,7 @@ def _open(path: str, flags: int) -> int:
 # No command's evaluations come near this (each adds tens of kilobytes); past it the file is no
 # report the probe wrote, and is never loaded whole.
 MAX_REPORT_BYTES = 64 << 20
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
 def _read(path: str) -> Any:
@@ -67,7 +68,7 @@ def read_report(path: str) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
     """Hold an exclusive lock beside ``path`` (where fcntl exists; elsewhere none is taken)."""
-    with os.fdopen(_open(f"{path}.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as lock:
+    with os.fdopen(_open(f"{path}.lock", _APPEND), "a") as lock:
         try:
             import fcntl
 
@@ -91,6 +92,25 @@ def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
         write_json_atomic(
             path, {"schema_version": SCHEMA_VERSION, "probe_version": PROBE_VERSION, "evaluations": listed}
         )
+
+
+def note_trip(run_id: str) -> None:
+    """Under ``eval-probe run``: add ``run_id`` to ``REPORT.active`` before its trip record is
+    written, so that the record is known as the command's even if its process is killed before it
+    reports; never raises."""
+    path = os.environ.get(ENV_REPORT)
+    if path:
+        with contextlib.suppress(OSError), os.fdopen(_open(f"{path}.active", _APPEND), "a") as noted:
+            noted.write(f"{run_id}\n")
+
+
+def noted_trips(path: str) -> set[str]:
+    """The run identities ``note_trip`` added beside the report at ``path``."""
+    try:
+        with os.fdopen(_open(f"{path}.active", os.O_RDONLY), encoding="utf-8", errors="replace") as noted:
+            return {line.strip() for line in noted.read(MAX_REPORT_BYTES).splitlines() if line.strip()}
+    except OSError:
+        return set()
 
 
 def mark_active() -> None:

@@ -35,6 +35,7 @@ from probe.runtime.gate import Gates
 from probe.runtime.groups import GIVEN, PREDICTED, READ, UNREADABLE, Group, Groups, Request, group_key
 from probe.runtime.log import ErrorReports, say
 from probe.runtime.ownership import SidecarOwnership
+from probe.runtime.report import note_trip
 from probe.runtime.rule import sample_sizes
 from probe.runtime.sampling import Sampling
 from probe.runtime.sidecar import TripContext, public_url, trip_document
@@ -364,6 +365,7 @@ class Probe:
             )
         )  # fmt: skip
         evidence, advice = _evidence(group), cause_words(main_cause(figures["causes"]))[1]
+        note_trip(self.run_id)
         try:
             where = self.ownership.claim(path, document)
         except Exception as error:
