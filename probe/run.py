@@ -216,7 +216,8 @@ def summary(
     evaluations = read_report(str(report))
     # The command's run identities: its evaluations', and those of its trips (noted before each
     # record is written, so a process killed before it reported still counts).
-    ours = {e.get("run_id") for e in evaluations} | noted_trips(str(report))
+    noted = noted_trips(str(report))
+    ours = {e.get("run_id") for e in evaluations} | noted
     mine = sidecar.state == "valid" and sidecar.trip.get("run_id") in ours
     leftover = started is not None and sidecar.state == "valid" and sidecar.trip["tripped_at"] < started
     if sidecar.state == "valid" and not mine and (leftover or ours):
@@ -241,6 +242,15 @@ def summary(
             + f"Next: eval-probe read {result_dir}"
             + "".join(f"; eval-probe read {Path(path).parent}" for path in also)
             + (f"; still running then: {still_running} process(es) it started (listed above)" if still_running else "")
+        )
+    unreported = sorted(noted - {e.get("run_id") for e in evaluations})
+    if unreported:  # it tripped, then its process ended before it reported (killed, os._exit)
+        return (
+            f"summary: TRIPPED in {len(unreported)} evaluation(s) that ended before they reported (run "
+            f"{', '.join(unreported)}), whose trip record is not in {result_dir}"
+            + other
+            + (f". Then {signalled}" if signalled else "")
+            + ". Next: eval-probe read the results directory of that run"
         )
     if still_running:
         return (

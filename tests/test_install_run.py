@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.procs import PYTHON
 from support.resultfiles import figures
 
@@ -577,3 +579,51 @@ def test_a_trip_whose_process_was_killed_stays_the_commands_own(sim, local_task,
                          env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "summary: TRIPPED (non_terminating)" in run.stderr and "another run's" not in run.stderr, run.stderr[-1500:]
+
+
+EVALUATED = st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), max_size=4)  # id, tripped, reported
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(EVALUATED, st.sampled_from([None, 0, 1, 2, 3, 9]), st.booleans())
+def test_a_summary_speaks_only_for_the_commands_own_evaluations(tmp_path: Path, runs, sidecar_of, before) -> None:
+    """Over generated commands: evaluations (run ids 0-3), each tripped or not, each reported or
+    killed before it reported (a trip is noted before its record is written), and a trip record
+    in the results directory of one of them, of another run (9), or none. The summary says
+    TRIPPED for the directory's record exactly when the record is one of the command's own, and
+    never "did not trip" when one of its evaluations tripped."""
+    import shutil
+
+    root = tmp_path / "case"
+    shutil.rmtree(root, ignore_errors=True)
+    results, report = root / "results", root / "observed.json"
+    results.mkdir(parents=True)
+    started, evaluations = time.time() - 100, []
+    ids = {i: f"{i:032x}.{i + 7}" for i in range(10)}
+    with open(f"{report}.active", "a") as noted:
+        for i, tripped, reported in runs:
+            if tripped:
+                noted.write(ids[i] + "\n")
+            if reported:
+                group = {"tripped": tripped, "observations": 16, "pathological": 16 if tripped else 0}
+                task = figures(observations=16, tripped=tripped) if not tripped else figures(
+                    observations=16, finish_reasons={"length": 16}, cut_off=16, causes={"output_cap": 16},
+                    cut_off_rate=1.0, short_circuited=24, tripped=True)  # fmt: skip
+                evaluations.append({"schema_version": 1, "tripped": tripped, "run_id": ids[i], "unattributed": None,
+                                    "sidecar": str(results / contract.SIDECAR_NAME) if tripped else None,
+                                    "groups": [group], "tasks": {"t": task}})  # fmt: skip
+    if evaluations:
+        report.write_text(json.dumps({"schema_version": 1, "evaluations": evaluations}))
+    if sidecar_of is not None:
+        record = {"schema_version": 1, "verdict": {
+            "tripped": True, "pathology": "non_terminating", "observations": 16, "pathological": 16,
+            "finish_reasons": {"length": 16}, "max_tokens": [2048], "settings": {},
+            "tripped_at": started - 50 if before else started + 10, "run_id": ids[sidecar_of]},
+            "final": None}  # fmt: skip
+        (results / contract.SIDECAR_NAME).write_text(json.dumps(record))
+    line = summary(results, report, started=started)
+    own = {ids[i] for i, tripped, _ in runs if tripped} | {ids[i] for i, _, reported in runs if reported}
+    record_is_ours = sidecar_of is not None and (ids[sidecar_of] in own or (not own and not before))
+    assert line.startswith("summary: TRIPPED (") == record_is_ours, (line, runs, sidecar_of, before)
+    if any(tripped for _, tripped, _ in runs):
+        assert "did not trip" not in line and "NOT WATCHED" not in line, (line, runs, sidecar_of, before)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -108,9 +109,11 @@ def noted_trips(path: str) -> set[str]:
     """The run identities ``note_trip`` added beside the report at ``path``."""
     try:
         with os.fdopen(_open(f"{path}.active", os.O_RDONLY), encoding="utf-8", errors="replace") as noted:
-            return {line.strip() for line in noted.read(MAX_REPORT_BYTES).splitlines() if line.strip()}
+            lines = noted.read(MAX_REPORT_BYTES).splitlines()
     except OSError:
         return set()
+    # Only what a run identity looks like (a random hex id and a pid): any process may write there.
+    return {line for line in lines if re.fullmatch(r"[0-9a-f]{1,64}\.[0-9]{1,10}", line, re.ASCII)}
 
 
 def mark_active() -> None:
