@@ -581,7 +581,8 @@ def test_a_trip_whose_process_was_killed_stays_the_commands_own(sim, local_task,
     assert "summary: TRIPPED (non_terminating)" in run.stderr and "another run's" not in run.stderr, run.stderr[-1500:]
 
 
-EVALUATED = st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), max_size=4)  # id, tripped, reported
+# Evaluations of a command: (run id, tripped, reported), each run id once.
+EVALUATED = st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()), max_size=4, unique_by=lambda r: r[0])
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
