@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,9 +68,6 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
         env[RESULT_DIR_VARS[0]] = str(result)
         env[ENV_REPORT] = str(report)
-        # A trip recorded before the command started is a leftover, not this command's. (Each
-        # lm-eval evaluation in the command has a run identity of its own, so time decides here.)
-        started = time.time()
         for flag in _unhooking_flags(command):
             _say(f"WARNING: {flag} keeps Python from reading PYTHONPATH or sitecustomize.py: the probe cannot "
                  "load in that process, and nothing will watch its generations")  # fmt: skip
@@ -88,7 +84,7 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
         if left_behind:
             processgroup.remove_when_empty(group, site, str(site), followed)
             _say(_left_behind_warning(left_behind, site, result))
-        line = summary(result, report, -status if status < 0 else None, started, len(left_behind))
+        line = summary(result, report, -status if status < 0 else None, len(left_behind))
         if made is not None and _holds_anything(made):
             line += f"; results kept in {made}"
         _say(line)
@@ -198,13 +194,12 @@ def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:
     )
 
 
-def summary(
-    result_dir: Path, report: Path, ended_by: int | None = None, started: float | None = None, still_running: int = 0
-) -> str:
+def summary(result_dir: Path, report: Path, ended_by: int | None = None, still_running: int = 0) -> str:
     """The summary line: what the command's trip record says, else what the probe's report says,
-    else what is known. It speaks only for the command's own evaluations (those its report names)
-    and only for what the probe watched; ``ended_by`` is the signal that ended the command, if one did. A trip
-    recorded before ``started`` (when given) is a leftover of an earlier run, and is said so.
+    else what is known. It speaks only for the command's own evaluations (those its report names,
+    and those whose trip was noted before its record was written) and only for what the probe
+    watched; ``ended_by`` is the signal that ended the command, if one did. Any other trip record is
+    another run's.
     With ``still_running`` processes the command started still at work, no trip yet is no verdict."""
     signalled = "" if ended_by is None else f"the command was ended by signal {ended_by} ({_signal_name(ended_by)})"
     sidecar = read_sidecar(result_dir)
@@ -218,9 +213,7 @@ def summary(
     # record is written, so a process killed before it reported still counts).
     noted = noted_trips(str(report))
     ours = {e.get("run_id") for e in evaluations} | noted
-    mine = sidecar.state == "valid" and sidecar.trip.get("run_id") in ours
-    leftover = started is not None and sidecar.state == "valid" and sidecar.trip["tripped_at"] < started
-    if sidecar.state == "valid" and not mine and (leftover or ours):
+    if sidecar.state == "valid" and sidecar.trip.get("run_id") not in ours:
         other = f"; the sidecar {sidecar.path} is another run's, not this one's"
     elif sidecar.state == "valid":
         v = sidecar.trip

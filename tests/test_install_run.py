@@ -522,7 +522,7 @@ def test_a_trip_record_of_another_model_running_beside_it_is_not_this_commands(t
     mine = {"schema_version": 1, "tripped": False, "run_id": "a" * 32 + ".1", "unattributed": None,
             "groups": [{"tripped": False, "observations": 16, "pathological": 0}], "tasks": {"t": task}}  # fmt: skip
     report.write_text(json.dumps({"schema_version": 1, "evaluations": [mine]}))
-    line = summary(results, report, started=time.time() - 60)
+    line = summary(results, report)
     assert "TRIPPED" not in line and "is another run's, not this one's" in line and "did not trip" in line, line
 
 
@@ -622,9 +622,9 @@ def test_a_summary_speaks_only_for_the_commands_own_evaluations(tmp_path: Path, 
             "tripped_at": started - 50 if before else started + 10, "run_id": ids[sidecar_of]},
             "final": None}  # fmt: skip
         (results / contract.SIDECAR_NAME).write_text(json.dumps(record))
-    line = summary(results, report, started=started)
+    line = summary(results, report)
     own = {ids[i] for i, tripped, _ in runs if tripped} | {ids[i] for i, _, reported in runs if reported}
-    record_is_ours = sidecar_of is not None and (ids[sidecar_of] in own or (not own and not before))
+    record_is_ours = sidecar_of is not None and ids[sidecar_of] in own
     assert line.startswith("summary: TRIPPED (") == record_is_ours, (line, runs, sidecar_of, before)
     if any(tripped for _, tripped, _ in runs):
         assert "did not trip" not in line and "NOT WATCHED" not in line, (line, runs, sidecar_of, before)

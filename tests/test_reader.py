@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON, probe_site
-from support.resultfiles import METRIC, write_results, write_sidecar
+from support.resultfiles import METRIC, figures, write_results, write_sidecar
 
 from probe.demo.localtask import offline_env, task_name
 from probe.reader.contract import contract_fingerprint, contract_settings
@@ -19,6 +19,7 @@ from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import read_sidecar
 from probe.reader.verdict import classify, classify_all
 from probe.runtime import contract
+from probe.runtime.contract import EVIDENCE_KEY
 
 SIDECAR = contract.SIDECAR_NAME
 
@@ -86,8 +87,11 @@ def test_default_task_and_metric_are_reported(tmp_path) -> None:
 
 
 def test_a_tripped_run_is_below_floor_whatever_the_score(tmp_path) -> None:
-    # A results file without a run identity: the trip record is its own by time and model.
-    write_results(tmp_path, 0.95, date=2.0, model_name="m")
+    # An older probe's results file, without a run identity: the trip record is its own by time and model.
+    cut = figures(cut_off=16, causes={"output_cap": 16}, finish_reasons={"length": 16}, observations=16,
+                  short_circuited=24, tripped=True)  # fmt: skip
+    older = {"schema_version": 1, "tripped": True, "tasks": {"gsm8k": cut}, "unattributed": None}
+    write_results(tmp_path, 0.95, date=2.0, model_name="m", **{EVIDENCE_KEY: older})
     write_sidecar(tmp_path, tripped_at=3.0)
     verdict = classify(tmp_path, 0.5)
     assert verdict.status == "below_floor" and verdict.score == 0.95

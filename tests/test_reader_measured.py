@@ -128,5 +128,5 @@ def test_answers_partly_replayed_from_the_cache_never_pass_the_cap_rate_stop(tmp
     evaluate(task, "mixed", tmp_path / "first", "--use_cache", cache, "--limit", "20", cap_fraction=0.5)
     evaluate(task, "healthy", tmp_path / "second", "--use_cache", cache)  # 20 replayed, 20 generated
     code, (verdict,) = read(tmp_path / "second", "--cap-rate-fails", "--max-cap-rate", "0.05")
-    assert verdict["status"] == "unavailable" and "of the 40 documents lm-eval scored" in verdict["reason"]
+    assert verdict["status"] == "unavailable" and "of the 40 generations lm-eval scored" in verdict["reason"]
     assert code == 2

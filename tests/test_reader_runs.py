@@ -178,3 +178,21 @@ def test_a_name_the_terminal_cannot_show_is_escaped_never_a_crash(tmp_path: Path
     assert run.returncode == 0 and "t\\xe2che" in run.stdout, run.stderr
     (verdict,) = json.loads(read(tmp_path, "--json").stdout)
     assert (verdict["task"], verdict["model"]) == ("t\u00e2che", "m\u00e9")
+
+
+def test_newest_never_hides_a_trip_behind_a_file_it_cannot_read(tmp_path: Path) -> None:
+    write_run(tmp_path, {"gsm8k": 0.0}, {"gsm8k": CUT}, tripped=True, run_id=RUN_A, date=STARTED + 100)
+    write_sidecar(tmp_path, tripped_at=STARTED + 130, record={"run_id": RUN_A, "tasks": ["gsm8k"]})
+    (tmp_path / "model" / "results_2020-01-01T00-00-00.000000.json").write_text('{"results": ')
+    code, found = verdicts(tmp_path, "--newest")
+    assert sorted(v["status"] for v in found) == ["below_floor", "unavailable"] and code == 2
+    assert any(v["trip_record"] for v in found)
+
+
+def test_generations_replayed_from_the_cache_are_counted_with_the_tasks_repeats(tmp_path: Path) -> None:
+    # 20 documents, 2 generations each: the probe saw 28 of the 40, the rest replayed.
+    seen = figures(observations=28)
+    write_run(tmp_path, {"gsm8k": 0.9}, {"gsm8k": seen}, **{"n-samples": {"gsm8k": {"original": 20, "effective": 20}},
+              "configs": {"gsm8k": {"output_type": "generate_until", "repeats": 2}}})  # fmt: skip
+    code, (verdict,) = verdicts(tmp_path, "--cap-rate-fails")
+    assert verdict["status"] == "unavailable" and "28 of the 40 generations" in verdict["reason"] and code == 2

@@ -53,7 +53,7 @@ class Candidate:
     generate_tasks: frozenset[str] = frozenset()  # tasks whose configs say output_type generate_until
     superseded: frozenset[str] = frozenset()  # its tasks a newer file holds (read --newest): not shown
     split_groups: frozenset[str] = frozenset()  # its groups with a task a newer file holds (read --newest)
-    samples: dict[str, int] = field(default_factory=dict)  # lm-eval's n-samples: documents scored, per task
+    samples: dict[str, int] = field(default_factory=dict)  # generations lm-eval scored, per task (n-samples)
 
     @property
     def run_id(self) -> str | None:
@@ -154,7 +154,7 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
                      model_name=name if isinstance(name, str) else None,
                      directions=_directions(document.get("higher_is_better")),
                      generate_tasks=_generate_tasks(document.get("configs")),
-                     samples=_samples(document.get("n-samples")))  # fmt: skip
+                     samples=_samples(document.get("n-samples"), document.get("configs")))  # fmt: skip
 
 
 def _evidence_model(evidence: dict[str, Any] | None) -> str | None:
@@ -178,12 +178,20 @@ def _directions(value: Any) -> dict[str, dict[str, bool]] | None:
     }
 
 
-def _samples(value: Any) -> dict[str, int]:
-    """lm-eval's ``n-samples``: how many documents it scored per task (``effective``)."""
+def _samples(value: Any, configs: Any) -> dict[str, int]:
+    """How many generations lm-eval scored per task: its ``n-samples`` (``effective``: documents)
+    times the task's ``repeats``."""
     if not isinstance(value, dict):
         return {}
-    found = {task: n.get("effective") for task, n in value.items() if isinstance(n, dict)}
-    return {task: n for task, n in found.items() if type(n) is int}
+    configs = configs if isinstance(configs, dict) else {}
+    found = {}
+    for task, n in value.items():
+        documents = n.get("effective") if isinstance(n, dict) else None
+        config = configs.get(task)
+        repeats = config.get("repeats", 1) if isinstance(config, dict) else 1
+        if type(documents) is int and type(repeats) is int and repeats >= 1:
+            found[task] = documents * repeats
+    return found
 
 
 def _generate_tasks(configs: Any) -> frozenset[str]:

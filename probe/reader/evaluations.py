@@ -66,9 +66,13 @@ def holdings(candidates: list[Candidate], records: list[Sidecar], newest_only: b
     paired, orphans = _pair(readable, trips)
     shown: dict[int, set[str]] = {}  # the tasks each kept results file is shown for (all: absent)
     if newest_only:
-        readable, unusable, shown = _newest_per_slot(candidates)
+        readable, unusable, shown, hidden = _newest_per_slot(candidates)
         superseded = _superseded_by(readable)
         orphans = [t for t in orphans if not superseded(t)]
+        # The trips of runs in a slot that cannot be ordered stand on their own: never lost.
+        kept = {id(t) for t in orphans}
+        orphans += [paired[id(c)] for c in hidden if id(c) in paired and id(paired[id(c)]) not in kept]
+        orphans = sorted({id(t): t for t in orphans}.values(), key=lambda t: t.tripped_at)
     default = _unpaired_state(sidecar)
     latest_trip = max((t.tripped_at for t in trips), default=None)
     evaluations = [
@@ -117,9 +121,10 @@ def _pair(readable: list[Candidate], trips: list[TripContext]) -> tuple[dict[int
 
 
 def _may_own(candidate: Candidate, trip: TripContext) -> bool:
-    """Whether a run without a run identity may own ``trip``: it started before the trip, and
-    both name the same model (where either names none, whose trip it is cannot be told)."""
-    if candidate.model_name is None or candidate.model_name != trip.model:
+    """Whether a run without a run identity may own ``trip``: a probed run (an older probe wrote
+    no identity) that started before the trip, of the same model (where either names none, whose
+    trip it is cannot be told). An unprobed run owns no trip."""
+    if candidate.evidence is None or candidate.model_name is None or candidate.model_name != trip.model:
         return False
     return candidate.started_at is not None and trip.tripped_at >= candidate.started_at - STALE_SLACK_S
 
@@ -130,22 +135,26 @@ def _all_predate(latest_trip: float | None, candidate: Candidate) -> bool:
         latest_trip < candidate.started_at - STALE_SLACK_S)  # fmt: skip
 
 
-def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list[Candidate], dict[int, set[str]]]:
+def _newest_per_slot(
+    candidates: list[Candidate],
+) -> tuple[list[Candidate], list[Candidate], dict[int, set[str]], list[Candidate]]:
     """Per slot (model directory and concurrency), per model (lm-eval's ``model_name``) and per
     task, the newest results: (the files kept, the unusable ones, the tasks each kept file is
-    the newest of, by ``id``). Models that share a directory, and tasks run one invocation at a
-    time into one path, are each kept. A file that cannot be read makes its whole slot unusable
-    (it may be any model's newest run)."""
+    the newest of, by ``id``, and the readable files of slots that cannot be ordered). Models that
+    share a directory, and tasks run one invocation at a time into one path, are each kept. A
+    file that cannot be read makes its whole slot unusable (it may be any model's newest run)."""
     slots: dict[tuple[str, int | None], list[Candidate]] = {}
     for candidate in candidates:
         slots.setdefault(candidate.slot, []).append(candidate)
     readable: list[Candidate] = []
     unusable: list[Candidate] = []
+    hidden: list[Candidate] = []
     shown: dict[int, set[str]] = {}
     for members in slots.values():
         if any(c.reason is not None or c.results is None for c in members):
             chosen = newest(members)
             unusable += [chosen] if chosen is not None else []
+            hidden += [c for c in members if c.reason is None and c.results is not None]
             continue
         holders: dict[tuple[str | None, str], list[Candidate]] = {}
         for candidate in members:
@@ -167,7 +176,7 @@ def _newest_per_slot(candidates: list[Candidate]) -> tuple[list[Candidate], list
             if id(chosen) not in shown:
                 readable.append(chosen)
             shown.setdefault(id(chosen), set()).add(task)
-    return readable, unusable, shown
+    return readable, unusable, shown, hidden
 
 
 def _only(candidate: Candidate, tasks: set[str] | None) -> Candidate:

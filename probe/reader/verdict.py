@@ -269,8 +269,8 @@ class _Judge:
             return "the probe observed none of this task's generations (answers replayed from lm-eval's cache?)"
         seen, scored = figures.get("generate_requests"), c.samples.get(task)
         if isinstance(seen, int) and isinstance(scored, int) and seen < scored:
-            return (f"the probe observed the generations of {seen} of the {scored} documents lm-eval scored (the "
-                    "rest replayed from lm-eval's cache?)")  # fmt: skip
+            return (f"the probe observed {seen} of the {scored} generations lm-eval scored (the rest replayed "
+                    "from lm-eval's cache?)")  # fmt: skip
         return ""
 
     def caveat(self, figures: dict | None, value: float, force: bool = False) -> dict[str, Any] | None:
