@@ -63,6 +63,10 @@ class Probe:
         self.gates = Gates(settings)
         self.sampling = Sampling()
         self.reported = False  # only an ended evaluation is reported before exit
+        # Servers (by URL) it no longer streams to (``streamed_post``), and those whose streams broke
+        # off since the last that came whole (when the first did): an evaluation's, not the process's.
+        self.not_streamed: set[str] = set()
+        self.broken_since: dict[str, float] = {}
 
     @property
     def reserve(self) -> int:

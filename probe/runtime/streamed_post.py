@@ -10,7 +10,7 @@ sends the ordinary request instead and hands lm-eval that response, untouched; t
 once per server and reason. A server that ignores ``stream`` and sends the whole unstreamed
 response as JSON has answered already: that answer goes to lm-eval as it came, and nothing is
 sent twice. Under ``auto``, a server whose ordinary request succeeded after such a fallback,
-or that ignored ``stream``, is not streamed again in this process; under ``on`` every request
+or that ignored ``stream``, is not streamed again in this evaluation; under ``on`` every request
 tries.
 A stream that breaks off or stalls (the connection lost, lm-eval's timeout) falls back in the
 same way, since a stream can fail where the ordinary request would not (a proxy, a server's
@@ -42,11 +42,6 @@ from probe.runtime.stream import (
     streamed,
     unstreamed_answer,
 )
-
-# Servers (by URL) that could not be streamed under ``auto``: each is asked once.
-_NOT_STREAMED: set[str] = set()
-# Servers (by URL) whose streams broke off since the last that came whole: when the first did.
-_BROKEN_SINCE: dict[str, float] = {}
 
 
 class Reassembled:
@@ -87,7 +82,7 @@ class StreamingSession:
 
     def post(self, url: Any, *args: Any, json: Any = None, **kwargs: Any) -> Any:
         n_choices = streamable(json) if not args else None
-        if n_choices is None or (self._mode == "auto" and str(url) in _NOT_STREAMED):
+        if n_choices is None or (self._mode == "auto" and str(url) in self._probe.not_streamed):
             return self._session.post(url, *args, json=json, **kwargs)
         return _StreamedPost(self, url, json, kwargs, n_choices)
 
@@ -140,7 +135,7 @@ class _StreamedPost:
         under ``auto``, with ``stop``, stream to this server no more."""
         mode = self._owner._mode
         if mode == "auto" and stop:
-            _NOT_STREAMED.add(str(self._url))
+            self._owner._probe.not_streamed.add(str(self._url))
         then = ", not streaming to it again" if mode == "auto" and stop else under_on
         self._owner._probe.errors.once(f"stream:{self._url}:{reason}", f"{said}{then} ({ENV_STREAM}={mode})")
 
@@ -166,11 +161,11 @@ class _StreamedPost:
                 try:
                     body = await self._read(response)
                 except (asyncio.TimeoutError, _aiohttp("ClientError", asyncio.TimeoutError)) as error:
-                    first = _BROKEN_SINCE.setdefault(str(self._url), time.monotonic())
+                    first = self._owner._probe.broken_since.setdefault(str(self._url), time.monotonic())
                     # A stall costs a timeout each time; a break, only once it recurs.
                     self._stop = isinstance(error, asyncio.TimeoutError) or began > first
                     return f"a stream that broke off or stalled: {type(error).__name__}: {str(error)[:200]}"
-                _BROKEN_SINCE.pop(str(self._url), None)
+                self._owner._probe.broken_since.pop(str(self._url), None)
                 complete = True
                 return body
             except Unassemblable as error:
