@@ -59,8 +59,9 @@ def test_shared_prompts_are_handed_out_per_request_whatever_the_counts() -> None
     assert book.take("other", "g") == "a"
 
 
-def test_a_context_window_trip_names_the_window_everywhere(sim, probed, result_dir, capsys) -> None:
+def test_a_context_window_trip_names_the_window_everywhere(sim, probed, result_dir, capsys, monkeypatch) -> None:
     """vLLM's max_model_len: every generation ends with `length` at 1024 of 2048 tokens."""
+    monkeypatch.setenv(contract.ENV_REPORT, str(result_dir.parent / "observed.json"))  # as eval-probe run sets it
     server = sim("window")
     completions(server.base_url, num_concurrent=16).generate_until(_instances(prompts(40), "t"))
     probed.finalise()
@@ -70,7 +71,7 @@ def test_a_context_window_trip_names_the_window_everywhere(sim, probed, result_d
     assert probed.evidence_document()["tasks"]["t"]["causes"][contract.CONTEXT_WINDOW] >= 16
     what, advice = cause_words(contract.CONTEXT_WINDOW)
     line = capsys.readouterr().err
-    said = summary(result_dir, result_dir / "no-report.json")
+    said = summary(result_dir, result_dir.parent / "observed.json")
     read = subprocess.run([sys.executable, "-m", "probe", "read", str(result_dir)], capture_output=True, text=True,
                           timeout=60).stdout  # fmt: skip
     for text in (line, said, read):
@@ -97,9 +98,10 @@ class _NoFinishReason(SimServer):
         return {**super()._choice(index, reason, text, chat, tokens), "finish_reason": None}
 
 
-def test_a_budget_too_large_to_record_still_judges_its_generations(probed, result_dir) -> None:
+def test_a_budget_too_large_to_record_still_judges_its_generations(probed, result_dir, monkeypatch) -> None:
     """max_tokens=2**63-1 behind a clamping server: a `length` at 256 tokens is the window's,
     and the run trips for it; the budget, more digits than a count may have, is not written."""
+    monkeypatch.setenv(contract.ENV_REPORT, str(result_dir.parent / "observed.json"))  # as eval-probe run sets it
     with _Clamping("never_stop") as server:
         kwargs = {**GEN_KWARGS, "max_tokens": NO_LIMIT}
         lm = completions(server.base_url, num_concurrent=4)
@@ -117,7 +119,7 @@ def test_a_budget_too_large_to_record_still_judges_its_generations(probed, resul
                           timeout=60)  # fmt: skip
     assert read.returncode == 1, read.stdout + read.stderr  # below the floor, cut short: the sidecar held
     assert cause_words(contract.CONTEXT_WINDOW)[0] in read.stdout and "max_tokens not recorded" in read.stdout
-    assert "(max_tokens not recorded)" in summary(result_dir, result_dir / "no-report.json")
+    assert "(max_tokens not recorded)" in summary(result_dir, result_dir.parent / "observed.json")
 
 
 def test_a_budget_too_large_to_record_never_makes_a_healthy_answer_cut_off(probed) -> None:
