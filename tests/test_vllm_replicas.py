@@ -108,8 +108,10 @@ def test_never_stopping_replicas_trip_together_and_the_results_say_what_each_saw
     blank = given.count("")
     assert sorted(given) == [""] * blank + ["a" * MAX_TOKENS] * (DOCS - blank)
     # The loop detector counts a request when it flags it, still running: the trip may come
-    # while the flagged ones of a wave (at most MAX_NUM_SEQS per replica) are in flight.
-    assert 1 <= blank <= DOCS - MIN_SAMPLES + 2 * MAX_NUM_SEQS
+    # while the flagged ones of a wave (at most MAX_NUM_SEQS per replica) are in flight. On a busy
+    # machine the last wave may also have ended before the sample's last outcome (none blank):
+    # what each replica saw is then still counted below. (Open: issue 33, the sample and replicas.)
+    assert 0 <= blank <= DOCS - MIN_SAMPLES + 2 * MAX_NUM_SEQS
     # One sidecar for the run, written by lm-eval's process, with the blanks counted.
     assert sorted(p.name for p in (tmp_path / "out").glob(contract.SIDECAR_NAME + "*")) == [contract.SIDECAR_NAME]
     sidecar = json.loads((tmp_path / "out" / contract.SIDECAR_NAME).read_text())
