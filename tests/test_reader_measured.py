@@ -5,12 +5,12 @@ unknown cap rate, which ``--cap-rate-fails`` never lets through."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
-from support.procs import PYTHON, probe_site
+from support.procs import probe_site
+from support.procs import read_json as read
 
 from probe.demo.localtask import LocalTask, offline_env, write_task
 from probe.demo.simserver import SimServer
@@ -46,12 +46,6 @@ def evaluate(task: LocalTask, mode: str, output: Path, *extra: str, probed: bool
         site = probe_site(output.parent / f"site-{output.name}") if probed else None
         run = subprocess.run(command, env=offline_env(site), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-
-
-def read(directory: Path, *args: str) -> tuple[int, list[dict]]:
-    run = subprocess.run([PYTHON, "-m", "probe", "read", str(directory), "--json", *args], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
-    return run.returncode, json.loads(run.stdout)
 
 
 def test_a_task_scored_by_a_metric_of_its_own_is_judged_on_it_never_on_sample_len(tmp_path) -> None:

@@ -3,12 +3,12 @@ model and per task, and a trip record is attached only to the run it belongs to.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
-from support.procs import PYTHON, probe_site
+from support.procs import probe_site
+from support.procs import read_json as read
 
 from probe.demo.localtask import SECOND_TASK, LocalTask, offline_env, write_task
 from probe.demo.simserver import SimServer
@@ -25,12 +25,6 @@ def evaluate(task: LocalTask, mode: str, model: str, output: Path, site: Path | 
         env = offline_env(site, RESULT_DIR=str(output))
         run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-
-
-def read(directory: Path, *args: str) -> tuple[int, list[dict]]:
-    run = subprocess.run([PYTHON, "-m", "probe", "read", str(directory), "--json", *args], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
-    return run.returncode, json.loads(run.stdout)
 
 
 def test_newest_keeps_every_model_and_every_task_that_shares_the_directory(tmp_path) -> None:

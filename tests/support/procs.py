@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,3 +51,10 @@ def unprivileged() -> list[str]:
     if setpriv is None:
         pytest.skip("running as root without setpriv: cannot drop capabilities to test permissions")
     return [setpriv, "--bounding-set", "-all", "--inh-caps", "-all", "--"]
+
+
+def read_json(directory: Path, *args: str) -> tuple[int, list[dict]]:
+    """``eval-probe read DIRECTORY --json ARGS``: its exit code and its verdicts."""
+    run = subprocess.run([PYTHON, "-m", "probe", "read", str(directory), "--json", *args], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    return run.returncode, json.loads(run.stdout)
