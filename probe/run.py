@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -268,9 +270,12 @@ def summary(result_dir: Path, report: Path, ended_by: int | None = None, still_r
         if signalled:
             # The probe reports when Python exits normally; a signal stops that, so nothing else is known.
             return f"summary: {signalled}; no sidecar of this run in {result_dir}, so the probe had not tripped by then"
+        # lm-eval loaded the probe somewhere (a helper that imported it, say), but no evaluation ended
+        # under it, and none tripped: never "did not trip", which a user reads as healthy.
         return (
-            "summary: the probe did not trip and wrote no report: no lm-eval model it watches ran under it, or the "
-            "command did not exit through Python's normal shutdown" + other
+            "summary: NOT WATCHED to its end: lm-eval loaded the probe, but no evaluation under it ended, and none "
+            "tripped (an lm-eval run where PYTHONPATH does not reach is not watched: python -I, -E or -S, sudo, env "
+            "-i, a container, a remote shell; one killed before its end reports nothing)" + other
         )
     tripped = [e for e in evaluations if e.get("tripped") is True]
     if tripped:  # its command gave lm-eval a results directory of its own (RESULT_DIR, --output_path)
@@ -319,38 +324,85 @@ def _short_circuited(evaluation: dict) -> int:
 
 
 def _holds_anything(directory: Path) -> bool:
-    """Whether ``directory`` holds an entry (False when the command removed it, or it cannot be read)."""
+    """Whether ``directory`` holds an entry, or the command put something else in its place (False
+    when the command removed it, or it cannot be read)."""
     try:
-        return any(directory.iterdir())
+        return not stat.S_ISDIR(directory.lstat().st_mode) or any(directory.iterdir())
     except OSError:
         return False
 
 
 def _unhooking_flags(command: list[str]) -> list[str]:
-    """The options of a Python ``command`` (also behind ``env``) that keep the probe out (``-I``,
-    ``-E``, ``-S``, also bundled as ``-IS``), read up to its script, ``-c`` or ``-m``."""
-    words = list(command)
-    if words and os.path.basename(words[0]) == "env":
-        words = words[1:]
-        while words and (words[0].startswith("-") or "=" in words[0]):
-            words = words[1:]
+    """What in a Python ``command`` keeps the probe out, as the user wrote it: Python's ``-I``,
+    ``-E`` or ``-S`` (also bundled, as ``-IS``), read up to its script, ``-c`` or ``-m``; and
+    before it, ``env`` clearing the environment or replacing or unsetting ``PYTHONPATH``."""
+    words, found = _after_env(command)
     if not words or not os.path.basename(words[0]).startswith("python"):
-        return []
-    found: set[str] = set()
+        return sorted(set(found))
     arguments = iter(words[1:])
     for argument in arguments:
-        if not argument.startswith("-") or argument.startswith("--") or argument == "-":
+        if argument == "--check-hash-based-pycs":
+            next(arguments, None)  # its value is the next word
+            continue
+        if not argument.startswith("-") or argument in ("-", "--"):
             break
+        if argument.startswith("--"):
+            continue  # --help, --version: nothing runs
         for i, letter in enumerate(argument[1:], 1):
             if letter in "IES":
-                found.add(f"-{letter}")
+                found.append(f"-{letter}")
             elif letter in "cm":
-                return sorted(found)  # what follows is the code or the module
+                return sorted(set(found))  # what follows is the code or the module
             elif letter in "WX":
                 if i == len(argument) - 1:
                     next(arguments, None)  # its value is the next word
                 break  # the rest of the word is its value
-    return sorted(found)
+    return sorted(set(found))
+
+
+# GNU env's options that take a value, short and long.
+_ENV_VALUED = {"u": "--unset", "C": "--chdir", "S": "--split-string", "a": "--argv0"}
+
+
+def _after_env(command: list[str]) -> tuple[list[str], list[str]]:
+    """``command`` past a leading ``env`` and its options and assignments, and what of those keeps
+    the probe out (``env -i``, ``env -u PYTHONPATH``, ``env PYTHONPATH=...``); ``env -S STRING`` is
+    read as the words it splits into."""
+    if not command or os.path.basename(command[0]) != "env":
+        return list(command), []
+    words, found = list(command[1:]), []
+    while words:
+        word = words.pop(0)
+        if word == "--":
+            break
+        if word in ("-", "-i", "--ignore-environment"):
+            found.append("env -i")
+            continue
+        option, value = "", None
+        if word.startswith("--"):
+            option, equals, value = word.partition("=")
+            value = value if equals else (words.pop(0) if option in _ENV_VALUED.values() and words else None)
+        elif word.startswith("-"):
+            for i, letter in enumerate(word[1:], 1):
+                if letter == "i":
+                    found.append("env -i")
+                elif letter in _ENV_VALUED:
+                    option = _ENV_VALUED[letter]
+                    value = word[i + 1 :] or (words.pop(0) if words else "")
+                    break
+        elif "=" in word:
+            if word.partition("=")[0] == "PYTHONPATH":
+                found.append("env PYTHONPATH=...")
+            continue
+        else:
+            words.insert(0, word)
+            break
+        if option == "--unset" and value == "PYTHONPATH":
+            found.append("env -u PYTHONPATH")
+        elif option == "--split-string" and value is not None:
+            with contextlib.suppress(ValueError):  # unbalanced quotes: env refuses it too
+                words = shlex.split(value) + words
+    return words, found
 
 
 def _as_written(evaluations: list[dict]) -> bool:

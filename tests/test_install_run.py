@@ -23,7 +23,7 @@ from probe import lmeval_args
 from probe.demo.localtask import offline_env
 from probe.inject import payload
 from probe.lmeval_args import output_path_in
-from probe.run import summary
+from probe.run import _unhooking_flags, summary
 from probe.runtime import contract
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
@@ -524,6 +524,53 @@ def test_a_trip_record_of_another_model_running_beside_it_is_not_this_commands(t
     report.write_text(json.dumps({"schema_version": 1, "evaluations": [mine]}))
     line = summary(results, report)
     assert "TRIPPED" not in line and "is another run's, not this one's" in line and "did not trip" in line, line
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["env", "-i", "lm_eval"], ["env -i"]),
+        (["env", "-u", "PYTHONPATH", "python", "-m", "lm_eval"], ["env -u PYTHONPATH"]),
+        (["env", "--unset=PYTHONPATH", "lm_eval"], ["env -u PYTHONPATH"]),
+        (["env", "PYTHONPATH=/elsewhere", "lm_eval"], ["env PYTHONPATH=..."]),
+        (["env", "-C", "/tmp", "-S", "python3 -I -m lm_eval"], ["-I"]),
+        (["python", "--check-hash-based-pycs", "always", "-I", "-m", "lm_eval"], ["-I"]),
+        (["python", "-W", "ignore", "-IS", "-m", "lm_eval"], ["-I", "-S"]),
+        (["python", "-c", "-I"], []),  # code, not a flag
+        (["python", "script.py", "-E"], []),  # the script's argument
+        (["env", "A=1", "lm_eval", "-I"], []),  # lm_eval's argument
+    ],
+)
+def test_what_keeps_the_probe_out_is_named_before_the_command_starts(command: list[str], named: list[str]) -> None:
+    assert _unhooking_flags(command) == named
+
+
+def test_env_that_unsets_pythonpath_is_warned_about_and_never_called_watched(tmp_path: Path) -> None:
+    run = eval_probe_run(tmp_path, "env", "-u", "PYTHONPATH", PYTHON, "-c", "import lm_eval.evaluator")
+    assert run.returncode == 0 and "WARNING: env -u PYTHONPATH keeps Python from reading PYTHONPATH" in run.stderr
+    assert "summary: NOT WATCHED" in run.stderr and "did not trip" not in run.stderr, run.stderr[-2000:]
+
+
+def test_a_helper_that_loads_the_probe_does_not_make_an_unwatched_evaluation_watched(
+    sim, local_task, tmp_path: Path
+) -> None:
+    # A script asks lm-eval's version with a plain Python (the probe loads there), then evaluates under
+    # python -I (it does not). Before: "the probe did not trip", over answers that all ran to the cap.
+    server = sim("never_stop")
+    command = local_task.lm_eval_command(server.base_url, "sim", tmp_path / "out", 2048, 8)
+    script = f"{PYTHON} -c 'import lm_eval.evaluator' && {shlex.join([command[0], '-I', *command[1:]])}"
+    run = eval_probe_run(tmp_path, "bash", "-c", script)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "summary: NOT WATCHED to its end: lm-eval loaded the probe" in run.stderr
+    assert "did not trip" not in run.stderr
+
+
+@pytest.mark.release_independent
+def test_a_command_that_puts_a_file_where_its_results_directory_was_is_told_where_it_is(tmp_path: Path) -> None:
+    run = eval_probe_run(tmp_path, "bash", "-c", 'rmdir "$RESULT_DIR" && echo results > "$RESULT_DIR"')
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    [kept] = [p for p in (tmp_path / "scratch").iterdir() if p.name.startswith("eval-probe-results-")]
+    assert kept.read_text() == "results\n" and f"results kept in {kept}" in run.stderr
 
 
 def test_python_without_its_site_is_warned_about_too(tmp_path: Path) -> None:
