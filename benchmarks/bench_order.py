@@ -11,7 +11,7 @@ Each run records whether the group tripped. Compared with:
 - the exact probability that the rule fires when the ``n`` observations come in a uniform
   random order (``K = share * n`` of them at the cap; dynamic programming over looks), and
 - bench_rule.py's table: observations at the cap independently with probability ``share``
-  (the README's table, which assumes random order), for ``n`` looks;
+  (the table in docs/rule.md, which assumes random order), for ``n`` looks;
 - lm-eval's own order (longest first), where the rule's decision is fixed: computed by
   feeding the observations in that order through the probe's ``Tally``.
 

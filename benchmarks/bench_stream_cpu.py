@@ -8,7 +8,7 @@ loop detector off, then on. The figure is CPU time (``time.process_time``, the b
 aiohttp's own reading of the lines is not included. Multiplied by the tokens per second a
 server streams to one lm-eval process, it says what share of a core the probe then needs:
 where that nears one core, generations slow down (the simulated server's healthy profiles
-stream about 47,000 and 448,000 tokens per second at C=64; see RESULTS.md section 2b).
+stream about 47,000 and 448,000 tokens per second at C=64; see docs/benchmarks.md, "Streaming cost").
 
     python benchmarks/bench_stream_cpu.py [--tokens 4096] [--reps 5] [--json]
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make the virtual environments this project needs, from the package index only.
-#   scripts/setup.sh main   .venv: lm-eval-probe with lm-eval 0.4.13 and the test tools
+#   scripts/setup.sh main   .venv: lm-eval-probe with lm-eval 0.4.13, the test tools and MkDocs
 #   scripts/setup.sh all    also .venv-inferencex (InferenceX's lm-eval (b315ef3), installed the
 #                           way InferenceX installs it), .venv-lm-eval-0.4.9.2 (the 0.4.9.2
 #                           release), .venv-lm-eval-0.4.12 and .venv-vllm (vLLM's CPU build,
@@ -185,7 +185,7 @@ make_venv() {  # make_venv DIR REQUIREMENT...
 }
 
 find_uv
-make_venv .venv -e ".[test,bench]" "lm-eval[api]==0.4.13"
+make_venv .venv -e ".[test,bench,docs]" "lm-eval[api]==0.4.13"
 
 installed_version() {  # installed_version PYTHON DISTRIBUTION: its version there; fails when absent
     "$1" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$2"

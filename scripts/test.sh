@@ -23,9 +23,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh all
 
-echo "== lint (ruff)"
+echo "== lint (ruff, and the documentation site built strictly: a broken link fails)"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# Not --quiet: it hides the warnings that --strict counts, and a broken link would then pass.
+site_dir="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site_dir"
+rm -rf "$site_dir"
 
 # lm-eval reads its ~14,000 built-in task files to index them at the start of every run (7-15 s of a
 # core, most of a whole run here, and nothing the probe touches). Each test environment gets a .pth
@@ -96,7 +100,7 @@ pass_0492() {
 # What differs in 0.4.12 is its API model: a static parse_generations, and null content as a cached
 # placeholder. So this pass runs the tests that drive lm-eval's API models in-process (generation,
 # caching, streaming and when, the gate, the order, the loop detector); the command line and the start of
-# an evaluation run against b315ef3 and 0.4.13 on either side of it (CI time: see the README).
+# an evaluation run against b315ef3 and 0.4.13 on either side of it (CI time: see docs/testing.md).
 # Not the whole lm-eval command lines of streamed runs (marker slow) either.
 # Its Hugging Face module differs from 0.4.9.2's, and from 0.4.13's only in how it finds the
 # model's maximum length (and in its GPU memory arguments), over a newer transformers: the
