@@ -42,8 +42,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.bench_rule import _prob, first_fire_distribution  # noqa: E402
-from probe.runtime.contract import Settings, read_settings  # noqa: E402
-from probe.runtime.degeneration import LoopDetector  # noqa: E402
+from probe.runtime.core.contract import Settings, read_settings  # noqa: E402
+from probe.runtime.core.degeneration import LoopDetector  # noqa: E402
 
 HEALTHY_RATES = (0.0, 0.1, 0.2, 0.3)
 EXEMPLAR_KEYS = ("target", "answer", "rationale", "solution", "output", "completion")

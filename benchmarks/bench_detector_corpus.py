@@ -60,8 +60,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.bench_detector import upper_bound  # noqa: E402
-from probe.runtime.contract import Settings, read_settings  # noqa: E402
-from probe.runtime.degeneration import LoopDetector  # noqa: E402
+from probe.runtime.core.contract import Settings, read_settings  # noqa: E402
+from probe.runtime.core.degeneration import LoopDetector  # noqa: E402
 
 DELTA_CHARS = 7  # a stream's delta: a few tokens
 MIN_CHARS = 1000  # a degenerate answer is at least this long

@@ -61,7 +61,7 @@ from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.simserver import LENGTHS, SimServer  # noqa: E402
 from probe.inject import sitecustomize_text  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
-from probe.runtime.contract import ENV_DETECTOR, ENV_SLOW_START, ENV_STREAM  # noqa: E402
+from probe.runtime.core.contract import ENV_DETECTOR, ENV_SLOW_START, ENV_STREAM  # noqa: E402
 
 # More probed arms, each alternated with the others in the same repetitions: what the probed
 # arm's settings become in each (to tell the stream parsing's cost from the loop detector's).

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_offline import never_stopping_setup, trip_timing  # noqa: E402
 from probe.demo.localtask import LocalTask  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
-from probe.runtime import contract  # noqa: E402
+from probe.runtime.core import contract  # noqa: E402
 
 RUNS = ("unprobed", "probed", "watching")
 

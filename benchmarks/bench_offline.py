@@ -44,7 +44,7 @@ from probe.demo.localtask import LocalTask, write_task  # noqa: E402
 from probe.demo.servercounters import parse_vllm_metrics  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
-from probe.runtime.contract import ENV_SLOW_START, ENV_STREAM, Settings  # noqa: E402
+from probe.runtime.core.contract import ENV_SLOW_START, ENV_STREAM, Settings  # noqa: E402
 
 # Each run and the probe's variables it sets: ``*_wave`` without the engine's slow start (every
 # prompt in the engine at once, as before it), for the side-by-side figures.

@@ -42,11 +42,11 @@ from lm_eval.models.openai_completions import LocalCompletionsAPI  # noqa: E402
 
 from probe.demo.simserver import SimServer  # noqa: E402
 from probe.runtime import install, state  # noqa: E402
-from probe.runtime.contract import ENV_SLOW_START, Settings  # noqa: E402
-from probe.runtime.evidence import Tally  # noqa: E402
-from probe.runtime.gate import Gates  # noqa: E402
-from probe.runtime.rule import rule_fires  # noqa: E402
-from probe.runtime.sampling import Sampling  # noqa: E402
+from probe.runtime.core.contract import ENV_SLOW_START, Settings  # noqa: E402
+from probe.runtime.core.evidence import Tally  # noqa: E402
+from probe.runtime.core.rule import rule_fires  # noqa: E402
+from probe.runtime.core.sampling import Sampling  # noqa: E402
+from probe.runtime.scope.gate import Gates  # noqa: E402
 
 GEN_KWARGS = {"until": ["\n\n"], "max_tokens": 2048, "temperature": 0}
 

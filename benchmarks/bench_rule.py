@@ -8,7 +8,7 @@ checked after every observation (every "look") through N observations. For each 
 - the number of observations it takes to fire when p is high (0.8 ... 1.0): mean, median
   and 95th percentile of the first firing look, from the same recursion.
 
-A Monte Carlo run through the probe's own decision code (``probe.runtime.evidence.Tally`` and
+A Monte Carlo run through the probe's own decision code (``probe.runtime.core.evidence.Tally`` and
 ``rule_fires``) checks every exact figure. Prints a Markdown table (and JSON with
 ``--json``) and writes a PNG plot.
 
@@ -26,9 +26,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from probe.runtime.contract import Settings
-from probe.runtime.evidence import Tally
-from probe.runtime.rule import rule_fires
+from probe.runtime.core.contract import Settings
+from probe.runtime.core.evidence import Tally
+from probe.runtime.core.rule import rule_fires
 
 HEALTHY = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 BROKEN = (0.8, 0.9, 0.95, 1.0)

@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from probe.runtime import state  # noqa: E402
-from probe.runtime.contract import Settings  # noqa: E402
-from probe.runtime.stream import EventLines, Reassembly  # noqa: E402
+from probe.runtime.core.contract import Settings  # noqa: E402
+from probe.runtime.core.stream import EventLines, Reassembly  # noqa: E402
+from probe.runtime.scope import state  # noqa: E402
 
 WORDS = [
     "the",

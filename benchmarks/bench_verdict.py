@@ -51,7 +51,7 @@ from probe.demo.servercounters import vllm_metrics  # noqa: E402
 from probe.demo.simserver import LOOPS, SimServer  # noqa: E402
 from probe.reader.sidecar import read_sidecar  # noqa: E402
 from probe.reader.verdict import classify  # noqa: E402
-from probe.runtime.contract import ENV_SLOW_START, Settings  # noqa: E402
+from probe.runtime.core.contract import ENV_SLOW_START, Settings  # noqa: E402
 
 DEFAULTS = {"sim": (1319, 64, 16384), "vllm": (200, 64, 1024)}
 # The never-stopping model's runs: the slow start's knob for each (None: unprobed).

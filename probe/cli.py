@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from probe import exitcodes
 from probe.reader.evidence import DEFAULT_MAX_CAP_RATE
-from probe.runtime.contract import PROBE_VERSION
+from probe.runtime.core.contract import PROBE_VERSION
 from probe.terminal import fit
 
 if TYPE_CHECKING:

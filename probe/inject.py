@@ -11,7 +11,7 @@ so the modules travel packed (JSON, zlib, base85: about a third of their size, a
 string token): the stub and the chain stay readable, and ``eval-probe body --sources``
 prints the modules as they run.
 
-The chain (``runtime/chain.py``) goes only into a sitecustomize.py the probe creates itself
+The chain (``runtime/hooking/chain.py``) goes only into a sitecustomize.py the probe creates itself
 (``eval-probe install`` into an empty directory, ``eval-probe run``): only one
 ``sitecustomize`` is ever imported, so a directory put first on PYTHONPATH would otherwise
 disable the user's or the distribution's start-up code. Such a file says so on its second
@@ -33,15 +33,15 @@ from pathlib import Path
 
 from patcher.markers import SITECUSTOMIZE
 from patcher.payload import Payload
-from probe.runtime.bootstrap import PACKAGE
-from probe.runtime.chain import MADE_BY_PROBE
-from probe.runtime.contract import PROBE_VERSION
-from probe.runtime.integrations import targets
+from probe.runtime.core.contract import PROBE_VERSION
+from probe.runtime.hooking.bootstrap import PACKAGE
+from probe.runtime.hooking.chain import MADE_BY_PROBE
+from probe.runtime.registry import targets
 
 RUNTIME = Path(__file__).resolve().parent / "runtime"
 # Not part of the embedded package: the stub and the chain run on their own, and the
 # package's __init__ holds only documentation.
-_NOT_EMBEDDED = ("__init__", "bootstrap", "chain")
+_NOT_EMBEDDED = ("", "hooking.bootstrap", "hooking.chain")
 _SIBLING_IMPORT = re.compile(r"^(\s*)(from|import) probe\.runtime\b", re.M)
 
 
@@ -49,14 +49,26 @@ class InjectionError(ValueError):
     """The probe's source cannot be embedded safely (it would end the literal early)."""
 
 
+def _dotted(path: Path) -> str:
+    """A runtime file's module name below ``probe.runtime`` ("core.rule"; "core" for its package)."""
+    parts = path.relative_to(RUNTIME).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 @functools.cache  # the sources do not change while a process runs; read each once
+def _files() -> dict[str, Path]:
+    return {_dotted(path): path for path in RUNTIME.rglob("*.py")}
+
+
+@functools.cache
 def _source(name: str) -> str:
-    return (RUNTIME / f"{name}.py").read_text(encoding="utf-8")
+    return _files()[name].read_text(encoding="utf-8")
 
 
 def runtime_modules() -> tuple[str, ...]:
-    """The names of the runtime modules embedded in the injected text."""
-    return tuple(sorted(p.stem for p in RUNTIME.glob("*.py") if p.stem not in _NOT_EMBEDDED))
+    """The names of the runtime modules embedded in the injected text, packages included
+    ("core" for ``core/__init__.py``, "core.rule")."""
+    return tuple(sorted(name for name in _files() if name not in _NOT_EMBEDDED))
 
 
 @functools.cache
@@ -83,7 +95,7 @@ def _literal(source: str, name: str) -> str:
 @functools.cache
 def body_digest() -> str:
     """A short hash of what gets injected: changes whenever any embedded file does."""
-    names = ("bootstrap", "chain", *runtime_modules())
+    names = ("hooking.bootstrap", "hooking.chain", *runtime_modules())
     text = "\0".join(f"{name}\0{_source(name)}" for name in names)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -96,8 +108,8 @@ def sitecustomize_text(chain: bool = False) -> str:
     on its second line that the probe made it (``chain.MADE_BY_PROBE``), so that another
     probe-made file's chaining skips it.
     """
-    bootstrap = _literal(_source("bootstrap"), "bootstrap.py")
-    chained = _literal(_source("chain"), "chain.py") if chain else '""'
+    bootstrap = _literal(_source("hooking.bootstrap"), "bootstrap.py")
+    chained = _literal(_source("hooking.chain"), "chain.py") if chain else '""'
     return (
         f"{SITECUSTOMIZE.begin_line(PROBE_VERSION, body_digest())}\n"
         + (f"{MADE_BY_PROBE}\n" if chain else "")

@@ -22,10 +22,10 @@ from probe.lmeval_args import results_dir_of
 from probe.reader.documents import Unreadable
 from probe.reader.evidence import cap_rate, run_evidence
 from probe.reader.sidecar import read_sidecar
-from probe.runtime.contract import ENV_REPORT, EVIDENCE_KEY, RESULT_DIR_VARS, cause_words
-from probe.runtime.log import PREFIX
-from probe.runtime.report import noted_trips, read_report
-from probe.runtime.sidecar import is_count
+from probe.runtime.core.contract import ENV_REPORT, EVIDENCE_KEY, RESULT_DIR_VARS, cause_words
+from probe.runtime.core.sidecar import is_count
+from probe.runtime.scope.log import PREFIX
+from probe.runtime.scope.report import noted_trips, read_report
 
 # SIGQUIT too: Ctrl-\ at a terminal reaches only eval-probe (the command has a session of its own).
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

@@ -28,7 +28,7 @@ from support.vllm import ECHO_CAP, serve
 
 from probe.demo.localtask import LocalTask, write_task
 from probe.demo.simserver import SimServer
-from probe.runtime import state
+from probe.runtime.scope import state
 
 
 def _one_core_per_worker() -> None:

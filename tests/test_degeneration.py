@@ -1,4 +1,4 @@
-"""The loop detector (probe/runtime/degeneration.py): its promises, as properties."""
+"""The loop detector (probe/runtime/core/degeneration.py): its promises, as properties."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.runtime.contract import Settings
-from probe.runtime.degeneration import CERTAIN_UNITS, UNIT_CHARS, LoopDetector
+from probe.runtime.core.contract import Settings
+from probe.runtime.core.degeneration import CERTAIN_UNITS, UNIT_CHARS, LoopDetector
 
 # Pure: does not depend on the lm-eval release; run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

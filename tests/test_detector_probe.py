@@ -21,10 +21,10 @@ from support.probed import (
     response,
 )
 
-from probe.runtime import contract
-from probe.runtime.evidence import is_pathological
-from probe.runtime.sidecar import trip_record_problem
-from probe.runtime.state import Probe
+from probe.runtime.core import contract
+from probe.runtime.core.evidence import is_pathological
+from probe.runtime.core.sidecar import trip_record_problem
+from probe.runtime.scope.state import Probe
 
 
 def test_a_flag_counts_once_and_its_ending_is_filed_apart(result_dir: Path) -> None:
@@ -213,7 +213,7 @@ def test_the_detector_knobs_are_read_used_and_part_of_the_contract(result_dir: P
 def test_the_slow_start_credits_a_false_flag_as_the_stop_it_was(result_dir: Path) -> None:
     # The slow start lets more requests through for each answer that did not run to the cap;
     # a flagged generation that then stopped on its own was a stop.
-    from probe.runtime.gate import SlowStart
+    from probe.runtime.scope.gate import SlowStart
 
     probe, (flagged, plain, *_) = probe_with_requests(20)
     loop_until_flagged(probe, flagged)
@@ -254,7 +254,7 @@ def test_partial_for_a_choice_the_request_does_not_have_counts_nothing(result_di
 def test_vllm_partial_outputs_are_asked_for_evidence_requests_only() -> None:
     # The in-process vLLM backend's sibling of the API path's rule: a request below
     # MIN_MAX_TOKENS is never analysed, so the engine need not report it every few tokens.
-    from probe.runtime.vllm_partial import wanted
+    from probe.runtime.core.streaming import wanted
 
     probe, (request, *_) = probe_with_requests(1)
     short = probe.request(completions("http://127.0.0.1:9"), {**GEN_KWARGS, "max_tokens": 256}, ["q"], 256)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.runtime.contract import Settings
-from probe.runtime.engine_slow_start import AddFailed, EngineSlowStart
-from probe.runtime.groups import Group
+from probe.runtime.core.contract import Settings
+from probe.runtime.scope.groups import Group
+from probe.runtime.vllm.engine_slow_start import AddFailed, EngineSlowStart
 
 AT_CAP, STOPPED = "length", "stop"
 MIN_SAMPLES = Settings().min_samples

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from probe.runtime import contract, evidence, rule, sidecar, versions
+from probe.runtime.core import contract, evidence, rule, sidecar
+from probe.runtime.hooking import versions
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

@@ -21,9 +21,9 @@ from support.lm import GEN_KWARGS, chat, completions, probe_installed, prompts
 from probe.demo.localtask import offline_env
 from probe.demo.simserver import SimServer
 from probe.run import summary
-from probe.runtime import contract, evidence
-from probe.runtime.budgets import predicted
-from probe.runtime.contract import CAUSES, RULE_CAUSES, cause_words, main_cause
+from probe.runtime.api_models.budgets import predicted
+from probe.runtime.core import contract, evidence
+from probe.runtime.core.contract import CAUSES, RULE_CAUSES, cause_words, main_cause
 
 
 def _instances(texts: list[str], task: str, start: int = 0) -> list[Instance]:
@@ -50,7 +50,7 @@ def test_two_tasks_that_share_their_prompts_each_get_their_own_requests(sim, pro
 def test_shared_prompts_are_handed_out_per_request_whatever_the_counts() -> None:
     """The book's property: each task gets as many of a shared prompt's requests as it
     registered, in any interleaving of registrations."""
-    from probe.runtime.tasks import TaskBook
+    from probe.runtime.scope.tasks import TaskBook
 
     book = TaskBook()
     book.register([("q", "g", "a")] * 3 + [("q", "g", "b")] * 2 + [("other", "g", "a")])
@@ -370,7 +370,7 @@ def test_the_builder_made_to_tell_the_budget_is_lm_evals_own_again_once_the_prob
     request is made; taking the probe out restores lm-eval's own function."""
     from lm_eval.models.openai_completions import LocalChatCompletion
 
-    from probe.runtime.patching import is_ours
+    from probe.runtime.hooking.patching import is_ours
 
     own = LocalChatCompletion.__dict__["_create_payload"]
     server = sim("healthy")
@@ -426,7 +426,7 @@ def test_a_pipeline_wrapping_the_probes_builder_with_functools_wraps_is_read_and
     from lm_eval.models.openai_completions import LocalChatCompletion
 
     from probe.runtime import install
-    from probe.runtime.patching import is_ours
+    from probe.runtime.hooking.patching import is_ours
 
     monkeypatch.setattr(LocalChatCompletion, "_create_payload", LocalChatCompletion._create_payload)
     server = sim("never_stop")
@@ -522,7 +522,7 @@ def test_a_reinstall_under_a_pipelines_wrapper_of_the_probes_leaves_one_probe_in
     from lm_eval.models.api_models import TemplateAPI
 
     from probe.runtime import install
-    from probe.runtime.patching import is_ours
+    from probe.runtime.hooking.patching import is_ours
 
     own = TemplateAPI.__dict__["amodel_call"]
     try:
@@ -553,7 +553,7 @@ def test_a_reinstall_under_a_pipelines_wrapper_of_the_probes_leaves_one_probe_in
 
 
 def test_sglang_generates_budget_is_read_in_its_sampling_params() -> None:
-    from probe.runtime.budgets import budget_in, names_a_budget
+    from probe.runtime.api_models.budgets import budget_in, names_a_budget
 
     payload = {"text": "q", "sampling_params": {"max_new_tokens": 2048, "temperature": 0}}
     assert names_a_budget(payload) and budget_in(payload, chat=False) == 2048
@@ -604,7 +604,7 @@ def test_the_summary_counts_what_the_rule_does_not_judge(sim, local_task, tmp_pa
 
 @pytest.mark.parametrize("budget", [None, 0, -1, True, "2048", 2.5])
 def test_a_budget_that_is_no_positive_integer_is_unknown_and_nothing_is_at_its_cap(budget) -> None:
-    from probe.runtime.state import Probe
+    from probe.runtime.scope.state import Probe
 
     probe = Probe(contract.Settings())
     request = probe.request(object(), {}, ["p"], budget)

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from probe.runtime import contract
-from probe.runtime.gate import AUTO_MAX_CONCURRENT, Gate, Gates, SlowStart, slow_start_applies
-from probe.runtime.rule import Sample
+from probe.runtime.core import contract
+from probe.runtime.core.rule import Sample
+from probe.runtime.scope.gate import AUTO_MAX_CONCURRENT, Gate, Gates, SlowStart, slow_start_applies
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

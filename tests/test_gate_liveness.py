@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.runtime.contract import Settings
-from probe.runtime.evidence import is_pathological
-from probe.runtime.gate import Gate, SlowStart
-from probe.runtime.rule import Sample
+from probe.runtime.core.contract import Settings
+from probe.runtime.core.evidence import is_pathological
+from probe.runtime.core.rule import Sample
+from probe.runtime.scope.gate import Gate, SlowStart
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

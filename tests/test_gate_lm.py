@@ -12,9 +12,9 @@ from lm_eval.api.instance import Instance
 from support.lm import GEN_KWARGS, completions, probe_installed
 
 from probe.demo.simserver import SimServer, healthy_answer
-from probe.runtime import state
-from probe.runtime.order import sample_members
-from probe.runtime.sampling import Sampling
+from probe.runtime.core.sampling import Sampling
+from probe.runtime.inprocess.order import sample_members
+from probe.runtime.scope import state
 
 
 def _finishes(run: Callable[[], Any], timeout: float = 90) -> tuple[str, Any]:
@@ -193,7 +193,7 @@ def test_repeats_of_one_prompt_that_runs_to_the_cap_do_not_trip_the_sync_path(si
     """20 prompts, each sampled 16 times (lm-eval's ``repeats``); the copies of the one the
     sampled order puts first all run to the cap (5% of the answers). Sent together, those 16
     copies alone were the first 16 observations: a trip, and 304 healthy answers blanked."""
-    from probe.runtime.sampling import rank
+    from probe.runtime.core.sampling import rank
 
     texts = [f"Question {i}: What is {i} + {2 * i + 1}?\nAnswer:" for i in range(20)]
     first = min(texts, key=lambda text: rank(0, repr(text)))

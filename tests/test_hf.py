@@ -18,8 +18,8 @@ from support.procs import PYTHON
 from support.vllm import answers
 
 from probe.demo.localtask import write_task
-from probe.runtime import contract
-from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.core import contract
+from probe.runtime.core.contract import EVIDENCE_KEY
 
 pytestmark = pytest.mark.hf
 MAX_TOKENS = 64

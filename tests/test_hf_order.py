@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from support.hf import echo_hflm, hf_requests, tiny_llama
 
-from probe.runtime import contract, install, state
-from probe.runtime.order import batch_order
-from probe.runtime.sampling import DEFAULT_SEED
+from probe.runtime import install
+from probe.runtime.core import contract
+from probe.runtime.core.sampling import DEFAULT_SEED
+from probe.runtime.inprocess.order import batch_order
+from probe.runtime.scope import state
 
 pytestmark = pytest.mark.hf
 MAX_TOKENS = 4

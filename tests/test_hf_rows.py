@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from support.hf import echo_hflm, hf_requests
 
-from probe.runtime import contract, install, state
-from probe.runtime.answers import ShortCircuitAnswer
+from probe.runtime import install
+from probe.runtime.core import contract
+from probe.runtime.core.answers import ShortCircuitAnswer
+from probe.runtime.scope import state
 
 pytestmark = pytest.mark.hf
 MAX_TOKENS = 8

@@ -17,7 +17,7 @@ from support.procs import PYTHON
 
 from patcher.markers import SITECUSTOMIZE
 from probe.demo.localtask import COUNT_MARKER, SECOND_TASK, TASK, offline_env, write_task
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 # InferenceX installs InferenceX's lm-eval (b315ef3), or leaves 0.4.13 when that reinstall fails:
 # scripts/test.sh runs these against those two.

@@ -24,7 +24,7 @@ from probe.demo.localtask import offline_env
 from probe.inject import payload
 from probe.lmeval_args import output_path_in
 from probe.run import _unhooking_flags, summary
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
 CHECK = (
@@ -458,7 +458,7 @@ def test_install_through_a_symlinked_sitecustomize_keeps_the_link(tmp_path: Path
 def test_a_process_never_replaces_a_report_it_cannot_read(tmp_path: Path, foreign: str) -> None:
     """Another process's report that this one cannot read may hold a trip: it is left as it is (the
     summary then says it cannot tell), never replaced by this process's evaluations alone."""
-    from probe.runtime.report import add_to_report, read_report
+    from probe.runtime.scope.report import add_to_report, read_report
 
     path = tmp_path / "observed.json"
     path.write_text(foreign)

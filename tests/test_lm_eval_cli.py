@@ -13,7 +13,7 @@ from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import METRIC, offline_env, task_name, write_task
 from probe.inject import sitecustomize_text
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 
 def lm_eval(site: Path | None, server, task, output: Path, *extra: str, max_tokens: int = 2048, **env: str):

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from lm_eval.models.utils import Collator
 
-from probe.runtime.order import batch_order, sampled_collator, sampled_order
+from probe.runtime.inprocess.order import batch_order, sampled_collator, sampled_order
 
 SAMPLED = sampled_collator(Collator)
 KWARGS = {"max_tokens": 2048}

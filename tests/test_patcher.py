@@ -17,7 +17,7 @@ from patcher import benchlib, errors
 from patcher.files import patch_file
 from patcher.markers import PATCH
 from probe.inject import body_digest, payload, sitecustomize_text
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh). The test
 # that runs real lm-eval on a patched script is in test_inferencex_flow.py.

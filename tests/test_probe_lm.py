@@ -14,7 +14,11 @@ from lm_eval.models import api_models
 from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 from support.lm import COMMON, GEN_KWARGS, chat, completions, generate, probe_installed, settled
 
-from probe.runtime import api, contract, install, patching, state
+from probe.runtime import install
+from probe.runtime.api_models import api
+from probe.runtime.core import contract
+from probe.runtime.hooking import patching
+from probe.runtime.scope import state
 
 
 def _cancelled(probe: state.Probe) -> int:

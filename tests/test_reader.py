@@ -18,8 +18,8 @@ from probe.reader.render import describe
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import read_sidecar
 from probe.reader.verdict import classify, classify_all
-from probe.runtime import contract
-from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.core import contract
+from probe.runtime.core.contract import EVIDENCE_KEY
 
 SIDECAR = contract.SIDECAR_NAME
 

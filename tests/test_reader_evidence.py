@@ -12,7 +12,7 @@ from support.procs import PYTHON
 from support.resultfiles import STARTED, figures, write_run, write_sidecar
 
 from probe import exitcodes
-from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.core.contract import EVIDENCE_KEY
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

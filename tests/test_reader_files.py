@@ -19,7 +19,7 @@ from support.resultfiles import STARTED, write_results, write_sidecar
 
 from probe import exitcodes
 from probe.reader.verdict import classify, classify_all
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

@@ -14,8 +14,8 @@ from support.procs import PYTHON
 from support.resultfiles import METRIC, figures, write_run
 
 from probe import exitcodes
-from probe.runtime import contract
-from probe.runtime.state import Probe
+from probe.runtime.core import contract
+from probe.runtime.scope.state import Probe
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

@@ -19,8 +19,8 @@ from probe.reader.candidates import Candidate
 from probe.reader.evaluations import holdings
 from probe.reader.model import SidecarState
 from probe.reader.sidecar import Sidecar, read_sidecar
-from probe.runtime import contract
-from probe.runtime.sidecar import read_sidecar_at
+from probe.runtime.core import contract
+from probe.runtime.core.sidecar import read_sidecar_at
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

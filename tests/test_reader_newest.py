@@ -12,7 +12,7 @@ from support.procs import read_json as read
 
 from probe.demo.localtask import SECOND_TASK, LocalTask, offline_env, write_task
 from probe.demo.simserver import SimServer
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 pytestmark = pytest.mark.entry
 

@@ -15,7 +15,7 @@ from support.resultfiles import STARTED, figures, write_results, write_run, writ
 
 from probe.reader.model import Status
 from probe.reader.verdict import classify_all
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

@@ -14,7 +14,7 @@ from support.procs import PYTHON
 from support.resultfiles import STARTED, figures, write_results, write_run, write_sidecar
 
 from probe import exitcodes
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent

@@ -20,11 +20,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.runtime import contract, state
-from probe.runtime.groups import Request
-from probe.runtime.log import forget_said
-from probe.runtime.replica_engine import Replica, _replica_generate, share
-from probe.runtime.replicas import TAG, Exchange, _say_unreached
+from probe.runtime.core import contract
+from probe.runtime.scope import state
+from probe.runtime.scope.groups import Request
+from probe.runtime.scope.log import forget_said
+from probe.runtime.vllm.replica_engine import Replica, _replica_generate, share
+from probe.runtime.vllm.replicas import TAG, Exchange, _say_unreached
 
 # Imports no lm-eval: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent
@@ -283,8 +284,8 @@ def test_a_replica_that_cannot_write_its_report_never_fails_its_generation(tmp_p
 
 
 def test_a_blank_whose_report_never_arrived_is_still_counted_as_the_probes(result_dir: Path) -> None:
-    from probe.runtime.replicas import generate_across
-    from probe.runtime.vllm_offline import BlankOutput
+    from probe.runtime.vllm.replicas import generate_across
+    from probe.runtime.vllm.vllm_offline import BlankOutput
 
     probe = state.Probe(contract.Settings(), evaluation=True)
     requests = plan(probe, [0, 0], ["a", "a"])
@@ -314,8 +315,8 @@ class Running:
 
 def test_partial_output_is_read_every_stream_interval_tokens_not_every_token(tmp_path: Path) -> None:
     # vLLM ignores stream_interval in cumulative mode (it reports every step): the probe paces itself.
-    from probe.runtime.replica_engine import ReplicaCall
-    from probe.runtime.vllm_partial import STREAM_INTERVAL
+    from probe.runtime.vllm.replica_engine import ReplicaCall
+    from probe.runtime.vllm.vllm_partial import STREAM_INTERVAL
 
     replica = Replica(str(tmp_path), [0], [0])
     call = ReplicaCall(replica, None, replica.requests, ids=["0"], watch=True)  # type: ignore[arg-type]
@@ -335,7 +336,7 @@ def test_no_usable_temporary_directory_runs_the_replicas_unprobed_never_fails_th
 ) -> None:
     import tempfile
 
-    from probe.runtime.replicas import generate_across
+    from probe.runtime.vllm.replicas import generate_across
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))  # removed by a cleaner, or never writable
     probe = state.Probe(contract.Settings(), evaluation=True)
@@ -356,7 +357,7 @@ def test_ray_workers_get_the_drivers_pythonpath_as_absolute_paths(
     import sys
     import types
 
-    from probe.runtime.replicas import _join_ray
+    from probe.runtime.vllm.replicas import _join_ray
 
     joined: list[dict[str, Any]] = []
     ray = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kwargs: joined.append(kwargs))

@@ -17,8 +17,8 @@ from support.procs import PYTHON, probe_site
 
 from probe.demo.localtask import offline_env
 from probe.inject import RUNTIME, embedded_sources, sitecustomize_text
-from probe.runtime import contract
-from probe.runtime.bootstrap import PACKAGE, unpack
+from probe.runtime.core import contract
+from probe.runtime.hooking.bootstrap import PACKAGE, unpack
 
 # ray: the driver joins Ray itself (replicas._join_ray), imported only with data parallelism.
 ALLOWED = set(sys.stdlib_module_names) | {"lm_eval", "vllm", "ray", PACKAGE, "__future__"}
@@ -78,8 +78,13 @@ def test_the_injected_text_imports_only_the_standard_library_lm_eval_and_vllm() 
 
 
 def test_every_runtime_file_is_embedded() -> None:
-    on_disk = {p.stem for p in RUNTIME.glob("*.py")} - {"__init__", "bootstrap", "chain"}
-    assert set(embedded_sources()) == on_disk
+    # Every file of every folder, a folder's __init__ as the package itself ("core").
+    on_disk = {
+        ".".join(p.parts[:-1] if p.stem == "__init__" else p.with_suffix("").parts)
+        for p in (path.relative_to(RUNTIME) for path in RUNTIME.rglob("*.py"))
+    }
+    assert set(embedded_sources()) == on_disk - {"", "hooking.bootstrap", "hooking.chain"}
+    assert {"core.rule", "scope.state", "vllm.vllm_offline", "api_models.api", "install"} <= on_disk
 
 
 def test_injected_runtime_trips_real_lm_eval_where_probe_cannot_be_imported(sim, local_task, tmp_path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from lm_eval.api.instance import Instance
 from support.lm import completions, probe_installed
 
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 A = {"until": ["\n\n"], "max_tokens": 2048, "temperature": 0}
 

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lm_eval.models.utils import Collator
 
-from probe.runtime.order import sample_members, sampled_collator, sampled_order
-from probe.runtime.rule import Sample, rule_fires, sample_sizes, trip_probability
+from probe.runtime.core.rule import Sample, rule_fires, sample_sizes, trip_probability
+from probe.runtime.inprocess.order import sample_members, sampled_collator, sampled_order
 
 pytestmark = pytest.mark.release_independent
 

@@ -17,10 +17,12 @@ from support.procs import PYTHON, probe_site
 
 from patcher.markers import SITECUSTOMIZE
 from probe.demo.localtask import METRIC, offline_env, write_task
-from probe.runtime import chain, contract, state
-from probe.runtime.contract import EVIDENCE_KEY
-from probe.runtime.integrations import INTEGRATIONS, targets
-from probe.runtime.patching import is_ours
+from probe.runtime.core import contract
+from probe.runtime.core.contract import EVIDENCE_KEY
+from probe.runtime.hooking import chain
+from probe.runtime.hooking.patching import is_ours
+from probe.runtime.registry import INTEGRATIONS, targets
+from probe.runtime.scope import state
 
 DOCS = 24
 
@@ -225,7 +227,7 @@ def test_each_integration_installs_and_uninstalls_symmetrically(name: str, where
     import importlib
 
     from probe.runtime import install
-    from probe.runtime.integrations import integration_for
+    from probe.runtime.registry import integration_for
 
     integration, module = integration_for(name), importlib.import_module(name)
     before = dict(vars(module))
@@ -244,7 +246,8 @@ def test_each_integration_installs_and_uninstalls_symmetrically(name: str, where
 
 def _hooks_of(integration: Any, module: Any) -> list[tuple[Any, str]]:
     """What installing ``integration`` puts in place, each (owner, attribute name)."""
-    from probe.runtime import install, patching
+    from probe.runtime import install
+    from probe.runtime.hooking import patching
 
     before = len(patching._ORIGINALS)
     assert install.install_integration(integration, module)
@@ -262,7 +265,7 @@ def test_a_reinstall_puts_back_every_hook_a_pipelines_wrapper_did_not_keep(integ
     it through an uninstall), installing again puts every other hook back: no one hook stands for
     the install (the surviving amodel_call once did, and the sync path ran unprobed)."""
     from probe.runtime import install
-    from probe.runtime.patching import is_ours_within
+    from probe.runtime.hooking.patching import is_ours_within
 
     module = pytest.importorskip(integration.waits_for)
     try:
@@ -299,8 +302,8 @@ def test_a_reinstall_that_fails_half_way_undoes_only_its_own_work(result_dir, ca
     from lm_eval.models import api_models
 
     from probe.runtime import install
-    from probe.runtime.integrations import integration_for
-    from probe.runtime.patching import is_ours, mark, wrap
+    from probe.runtime.hooking.patching import is_ours, mark, wrap
+    from probe.runtime.registry import integration_for
 
     integration = integration_for("lm_eval.models.api_models")
     template = api_models.TemplateAPI

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support.lm import chat, completions, generate, probe_installed
 
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 # (shape, chat, the share of answers of that shape). JSON records: a fifth of the answers, as in
 # the run that was blanked (hostile round 33: 17% of a model's answers flagged, tripped at C>64).

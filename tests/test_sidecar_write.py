@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from probe.runtime import contract, ownership, sidecar
+from probe.runtime.core import contract, sidecar
+from probe.runtime.scope import ownership
 
 # Does not depend on the lm-eval release: run once, against 0.4.13 (scripts/test.sh).
 pytestmark = pytest.mark.release_independent
 
 RACER = """
 import json, os, sys, time
-from probe.runtime.sidecar import write_sidecar_once
+from probe.runtime.core.sidecar import write_sidecar_once
 start = float(sys.argv[2])
 while time.time() < start:
     pass
@@ -121,7 +122,7 @@ def test_an_evaluation_never_inherits_an_identity_and_its_children_do(tmp_path: 
     made = contract.run_id(env, fresh=True)  # an lm-eval evaluation starts its own run
     assert made != LEAK and env[contract.ENV_RUN_ID] == made and made.endswith(f".{os.getpid()}")
     child = subprocess.run(
-        [sys.executable, "-c", "from probe.runtime import contract; print(contract.run_id())"],
+        [sys.executable, "-c", "from probe.runtime.core import contract; print(contract.run_id())"],
         env={**os.environ, **env}, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert child.stdout.strip() == made

@@ -1,4 +1,4 @@
-"""The reassembly of streamed responses (probe/runtime/stream.py), pure: for any response a
+"""The reassembly of streamed responses (probe/runtime/core/stream.py), pure: for any response a
 server could send, streaming it as vLLM does and reassembling gives the same dict; anything
 that cannot be reassembled with certainty is refused, never guessed."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.runtime.stream import (
+from probe.runtime.core.stream import (
     EventLines,
     Reassembly,
     Unassemblable,

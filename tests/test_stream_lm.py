@@ -16,8 +16,10 @@ from support.lm import GEN_KWARGS, chat, completions, generate, probe_installed,
 from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import offline_env, task_name
-from probe.runtime import contract, install, state
-from probe.runtime.contract import ENV_STREAM
+from probe.runtime import install
+from probe.runtime.core import contract
+from probe.runtime.core.contract import ENV_STREAM
+from probe.runtime.scope import state
 
 
 def _responses(output: Path) -> list[list]:
@@ -188,7 +190,7 @@ def test_a_defect_of_the_reassembly_falls_back_instead_of_failing_the_request(
 ) -> None:
     # A failure nobody foresaw (here a TypeError, standing for a defect of the probe's own) is a
     # refusal: the ordinary request answers, where it would have escaped into lm-eval's retries.
-    from probe.runtime.stream import Reassembly
+    from probe.runtime.core.stream import Reassembly
 
     def defect(self: Reassembly, data: str) -> list:
         raise TypeError("a defect")

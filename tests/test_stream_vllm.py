@@ -24,10 +24,10 @@ from support.lm import chat, completions, probe_installed
 from support.vllm import ECHO_CAP, SCRIPTS, serve
 
 from probe.demo.servercounters import vllm_metrics
-from probe.runtime import state
-from probe.runtime.contract import Settings
-from probe.runtime.stream import EventLines, Reassembly, Unassemblable, UncertainAnswer, streamable, streamed
-from probe.runtime.streamed_post import StreamingSession
+from probe.runtime.api_models.streamed_post import StreamingSession
+from probe.runtime.core.contract import Settings
+from probe.runtime.core.stream import EventLines, Reassembly, Unassemblable, UncertainAnswer, streamable, streamed
+from probe.runtime.scope import state
 
 sys.path.insert(0, str(SCRIPTS))
 import vllm_server

@@ -10,7 +10,7 @@ import pytest
 from support.lm import GEN_KWARGS, completions, generate, probe_installed, settled
 from support.probed import loop_until_flagged, probe_with_requests, response
 
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 
 def _run(server, result_dir, n: int, concurrency: int, max_tokens: int = 4096) -> tuple[dict, dict | None]:

@@ -19,8 +19,8 @@ from support.resultfiles import written_by_lm_eval
 
 from probe.demo.localtask import COUNT_MARKER, METRIC, SECOND_TASK, TASK, offline_env, write_task
 from probe.demo.simserver import SimServer
-from probe.runtime import contract
-from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.core import contract
+from probe.runtime.core.contract import EVIDENCE_KEY
 
 
 def read_cli(output: Path, *args: str) -> subprocess.CompletedProcess:

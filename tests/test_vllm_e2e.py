@@ -17,7 +17,7 @@ from support.vllm import SCRIPTS, answers
 
 from probe.demo.localtask import EXCLAIM_TASK, offline_env, write_task
 from probe.demo.servercounters import vllm_metrics
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 sys.path.insert(0, str(SCRIPTS))
 import vllm_server

@@ -18,8 +18,8 @@ from support.resultfiles import written_by_lm_eval
 from support.vllm import answers
 
 from probe.demo.localtask import LocalTask, write_task
-from probe.runtime import contract
-from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.core import contract
+from probe.runtime.core.contract import EVIDENCE_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 

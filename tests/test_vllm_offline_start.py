@@ -17,7 +17,7 @@ from support.procs import probe_site
 from support.vllm import answers, vllm_python
 
 from probe.demo.localtask import SECOND_TASK, LocalTask, offline_env, write_task
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ _WATCHED_COPY_CHECK = """
 import msgspec
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
-from probe.runtime.vllm_partial import STREAM_INTERVAL, watched_params
+from probe.runtime.vllm.vllm_partial import STREAM_INTERVAL, watched_params
 
 for given in [dict(max_tokens=64, stop=["\\n\\n", "Question:"]),
               dict(max_tokens=8, temperature=0.7, logprobs=2, seed=3, stream_interval=64)]:

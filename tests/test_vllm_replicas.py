@@ -24,8 +24,8 @@ from support.tinymodels import tiny_llama
 from support.vllm import answers, vllm_python
 
 from probe.demo.localtask import LocalTask, offline_env, write_task
-from probe.runtime import contract
-from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.core import contract
+from probe.runtime.core.contract import EVIDENCE_KEY
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MAX_TOKENS = 1024

@@ -85,7 +85,7 @@ def test_the_wheel_holds_every_file_of_the_packages(wheel: Path) -> None:
     # build includes it.
     names = {n for n in zipfile.ZipFile(wheel).namelist() if not n.split("/")[0].endswith(".dist-info")}
     assert names == tree_files()
-    assert {"probe/runtime/bootstrap.py", "probe/reader/verdict.py", "probe/demo/simserver.py"} <= names
+    assert {"probe/runtime/hooking/bootstrap.py", "probe/reader/verdict.py", "probe/demo/simserver.py"} <= names
 
 
 def test_every_command_runs_from_the_installed_wheel_without_lm_eval(installed: Path, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from probe.runtime.degeneration import THINKING_ENDS
+from probe.runtime.core.degeneration import THINKING_ENDS
 
 LOOPS = ("loop_short", "loop_paragraph", "loop_near", "random")
 MODES = (

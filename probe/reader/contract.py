@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from probe.runtime.contract import read_settings, settings_fingerprint
+from probe.runtime.core.contract import read_settings, settings_fingerprint
 
 
 def contract_settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

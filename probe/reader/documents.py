@@ -14,7 +14,7 @@ from typing import Any
 
 # One bound for every recorded time, one depth and one refusal of duplicate keys for every
 # document, the runtime's and the reader's alike.
-from probe.runtime.sidecar import MAX_CLOCK_SKEW_S, MAX_DEPTH, DuplicateKey, nested_deeper_than, unique_keys
+from probe.runtime.core.sidecar import MAX_CLOCK_SKEW_S, MAX_DEPTH, DuplicateKey, nested_deeper_than, unique_keys
 
 
 class Unreadable(Exception):

@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 from probe.reader.documents import Unreadable
-from probe.runtime.contract import EVIDENCE_KEY, SCHEMA_VERSION
-from probe.runtime.sidecar import finite_throughout, is_count
+from probe.runtime.core.contract import EVIDENCE_KEY, SCHEMA_VERSION
+from probe.runtime.core.sidecar import finite_throughout, is_count
 
 # Above this share of cut-off generations a score carries a caveat (--max-cap-rate).
 DEFAULT_MAX_CAP_RATE = 0.05

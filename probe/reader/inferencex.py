@@ -13,7 +13,7 @@ from pathlib import Path
 
 from probe.reader.documents import Unreadable, parse_json
 from probe.reader.files import read_regular_file
-from probe.runtime.contract import MAX_DIGITS
+from probe.runtime.core.contract import MAX_DIGITS
 
 META_ENV = "meta_env.json"
 MAX_META_BYTES = 2**20

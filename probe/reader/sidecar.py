@@ -14,8 +14,8 @@ from typing import Any
 from probe.reader.documents import Unreadable, parse_json
 from probe.reader.files import list_directory, read_regular_file, resolve_inside
 from probe.reader.model import SidecarState
-from probe.runtime.contract import SIDECAR_NAME
-from probe.runtime.sidecar import MAX_SIDECAR_BYTES, trip_record_problem
+from probe.runtime.core.contract import SIDECAR_NAME
+from probe.runtime.core.sidecar import MAX_SIDECAR_BYTES, trip_record_problem
 
 # The names the runtime moves another run's sidecar to (ownership._move_aside).
 _MOVED_ASIDE = re.compile(re.escape(SIDECAR_NAME) + r"\.stale-(?:\d+|bad-time)(?:-\d+)?", re.ASCII)

@@ -25,8 +25,8 @@ from probe.reader.results import measured, pick_metric
 from probe.reader.scores import accuracy_meets_floor, finite_score
 from probe.reader.sidecar import Sidecar, read_trip_records
 from probe.reader.words import trip_words
-from probe.runtime.contract import PATHOLOGY, SIDECAR_NAME, main_cause
-from probe.runtime.evidence import is_pathological
+from probe.runtime.core.contract import PATHOLOGY, SIDECAR_NAME, main_cause
+from probe.runtime.core.evidence import is_pathological
 
 _NO_RESULTS = "(lm-eval's results_<time>.json, or InferenceX's results_<time>_conc<N>.json)"
 

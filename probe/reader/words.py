@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.reader.evidence import CAUSE_WORDS
-from probe.runtime.contract import PATHOLOGY, cause_words
+from probe.runtime.core.contract import PATHOLOGY, cause_words
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class TripWords:
 def trip_words(record: Mapping[str, Any] | None) -> TripWords:
     """The words for ``record`` (a trip record, or None when only a results file's evidence
     is at hand): its ``pathology`` and, when the record names one, its ``cause``, in the
-    words of the runtime's glossary (``probe.runtime.contract.cause_words``)."""
+    words of the runtime's glossary (``probe.runtime.core.contract.cause_words``)."""
     pathology = (record or {}).get("pathology") or PATHOLOGY
     cause = (record or {}).get("cause")
     reason = f"generation pathology: {pathology}"

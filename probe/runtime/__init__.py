@@ -1,17 +1,16 @@
 """The injected runtime: the code that runs inside lm-eval, in other people's Python.
 
 Every module here is embedded, as source, into a ``sitecustomize.py`` (``probe/inject.py``
-builds that text from these files) and runs in environments where lm-eval-probe is **not
-installed**. So a module here may import only:
+builds that text from these files) and runs where lm-eval-probe is **not installed**. A module
+here imports only the standard library, ``lm_eval`` and ``vllm`` (inside the glue that needs
+them), and its siblings by absolute name; ``tests/test_runtime_guard.py`` enforces this.
 
-- the standard library;
-- ``lm_eval`` and ``vllm`` (the programs it hooks into), only inside the glue that needs them;
-- its siblings, by absolute name (``from probe.runtime.contract import ...``), which the
-  injected text serves from the embedded sources under a private package name.
+The folders, lowest layer first (``tests/test_runtime_layout.py`` enforces the order):
 
-No relative imports, and nothing from ``probe.reader``, ``probe.demo``, ``patcher`` or any
-third-party package. ``tests/test_runtime_guard.py`` enforces this rule.
-
-Pure logic (``contract``, ``evidence``, ``rule``, ``sidecar``) is kept apart from the glue
-that touches lm-eval (``api``, ``caches``, ``install``) so it can be tested exhaustively.
+- ``core``: pure logic: the contract, the trip rule, evidence, the loop detector, the sidecar.
+- ``hooking``: the start-up stub, reversible patching, the shape of an integration.
+- ``scope``: the per-evaluation state and the decision to trip.
+- ``inprocess``: what the in-process backends share.
+- ``evaluator``, ``api_models``, ``vllm``, ``huggingface``: one folder per integration.
+- ``registry`` lists the integrations; ``install`` puts them in place and takes them out.
 """

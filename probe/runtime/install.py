@@ -14,16 +14,16 @@ import os
 import sys
 from typing import Any
 
-from probe.runtime import state
-from probe.runtime.caches import guard_caches
-from probe.runtime.contract import read_settings
-from probe.runtime.integration import Integration
-from probe.runtime.integrations import integration_for
-from probe.runtime.log import forget_said, say, say_once
-from probe.runtime.patching import hooks_in, own_replacements, restore_all, restore_own
-from probe.runtime.report import mark_active, settle
-from probe.runtime.results import carry_evidence
-from probe.runtime.versions import lm_eval_version
+from probe.runtime.core.contract import read_settings
+from probe.runtime.evaluator.caches import guard_caches
+from probe.runtime.evaluator.results import carry_evidence
+from probe.runtime.hooking.integration import Integration
+from probe.runtime.hooking.patching import hooks_in, own_replacements, restore_all, restore_own
+from probe.runtime.hooking.versions import lm_eval_version
+from probe.runtime.registry import integration_for
+from probe.runtime.scope import state
+from probe.runtime.scope.log import forget_said, say, say_once
+from probe.runtime.scope.report import mark_active, settle
 
 
 def install_integration(integration: Integration, module: Any = None) -> bool:

@@ -161,8 +161,8 @@ def in_batch_order(ends: str, batch: int, body: str = "p") -> list[str]:
     """Distinct prompts, the k-th ending with ``ends[k]``, that the probe generates in this
     order with ``batch`` rows a batch: lm-eval sorts them longest first, so the k-th run of
     ``batch`` (in falling lengths of its own) is one of its batches, and the probe runs its
-    batches in the order of their first prompts' seeded hash (probe.runtime.order.batch_order)."""
-    from probe.runtime.sampling import DEFAULT_SEED, rank
+    batches in the order of their first prompts' seeded hash (probe.runtime.inprocess.order.batch_order)."""
+    from probe.runtime.core.sampling import DEFAULT_SEED, rank
 
     def key(prompt: str) -> int:
         return rank(DEFAULT_SEED, repr(prompt))

@@ -46,7 +46,8 @@ def generate(lm: Any, n: int, gen_kwargs: dict | None = None, chat_format: bool 
 @contextmanager
 def probe_installed() -> Iterator[Any]:
     """The probe installed on the real lm-eval in this process for the block, then taken out."""
-    from probe.runtime import install, state
+    from probe.runtime import install
+    from probe.runtime.scope import state
 
     assert install.install()
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from probe.demo.localtask import LocalTask, offline_env
 from probe.demo.servercounters import parse_vllm_metrics
-from probe.runtime import contract
+from probe.runtime.core import contract
 from support import tinymodels
 from support.procs import PYTHON
 from support.vllm import SCRIPTS, vllm_python

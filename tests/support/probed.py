@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from lm_eval.api.instance import Instance
 
-from probe.runtime import contract
-from probe.runtime.state import Probe
+from probe.runtime.core import contract
+from probe.runtime.scope.state import Probe
 from support.lm import completions, prompts
 
 MAX_TOKENS = 4096

@@ -13,7 +13,7 @@ import pytest
 
 from patcher.install import install
 from probe.inject import payload
-from probe.runtime import contract
+from probe.runtime.core import contract
 
 PYTHON = sys.executable
 PROBE_VARS = (

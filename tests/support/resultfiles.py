@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from probe.runtime import contract
-from probe.runtime.contract import EVIDENCE_KEY
+from probe.runtime.core import contract
+from probe.runtime.core.contract import EVIDENCE_KEY
 
 METRIC = "exact_match,strict-match"
 # lm-eval's `date`: time.time() when the evaluation started (a past instant by default).

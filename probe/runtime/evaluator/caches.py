@@ -1,0 +1,59 @@
+"""Keeping blank answers out of lm-eval's two cache layers.
+
+``CacheHook.add_partial`` is fed inside the request paths; ``CachingLM`` writes every result
+``generate_until`` returns into SQLite. An answer stored in either is replayed as model
+output by a later ``--use_cache`` run, so both refuse :class:`ShortCircuitAnswer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from probe.runtime.core.answers import ShortCircuitAnswer
+from probe.runtime.hooking.patching import mark, wrap
+
+
+def _guarded_add_partial(original: Callable) -> Callable:
+    def add_partial(self: Any, attr: str, req: Any, res: Any) -> Any:
+        if isinstance(res, ShortCircuitAnswer):
+            return None  # a blank answer must never be replayed as model output
+        return original(self, attr, req, res)
+
+    return mark(add_partial, original)
+
+
+class CacheGuard:
+    """Wraps CachingLM's SQLite dict so that blank answers are never stored in it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if not isinstance(value, ShortCircuitAnswer):
+            self._inner[key] = value
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._inner[key]
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _guarded_caching_init(original: Callable) -> Callable:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        dbdict = getattr(self, "dbdict", None)
+        if dbdict is not None and not isinstance(dbdict, CacheGuard):
+            self.dbdict = CacheGuard(dbdict)
+
+    return mark(__init__, original)
+
+
+def guard_caches(api_model: Any) -> None:
+    """Patch ``lm_eval.api.model``'s CacheHook and CachingLM (idempotent)."""
+    wrap(api_model.CacheHook, "add_partial", _guarded_add_partial)
+    wrap(api_model.CachingLM, "__init__", _guarded_caching_init)

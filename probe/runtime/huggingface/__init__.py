@@ -1,0 +1,1 @@
+"""The integration on lm-eval's Hugging Face backend (``--model hf``)."""

@@ -1,0 +1,236 @@
+"""The outer gate: at most ``num_concurrent`` generate calls past the point of no return, and
+at first only as many as the trip rule needs (the slow start).
+
+lm-eval builds every request's payload before it awaits its own semaphore, so all of them
+carry their ``max_tokens`` from the start; holding the calls here instead keeps the rest
+cancellable. Calls go through in the order they arrive, which is the order lm-eval's
+``Collator`` gave them (the sample first, see ``order``): the gate only delays calls, so no
+answer changes. One gate per event loop, because lm-eval calls ``asyncio.run`` (a new loop)
+for every batch of requests, and an asyncio primitive belongs to one loop.
+
+The slow start sends ``MIN_SAMPLES`` requests before any evidence, and ``per_stop`` more for
+each generation that did not run to the cap, so a model that never stops reaches the server
+with exactly ``MIN_SAMPLES`` requests. Once the group's verdict is final without a trip, the
+gate opens. Liveness (tested with hypothesis in tests/test_gate_liveness.py): the gate never
+holds a parked call while none is in flight (``SlowStart.run_dry``). docs/gate.md has the
+argument and the measurements behind ``per_stop``.
+
+:class:`SlowStart` is the policy, pure arithmetic; :class:`Gate` applies it to asyncio
+tasks; :class:`Gates` keeps one gate per event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from probe.runtime.core.contract import Settings
+from probe.runtime.core.evidence import is_pathological
+
+# Under HYPERLOOM_EVAL_PROBE_SLOW_START=auto the slow start applies up to this concurrency:
+# on healthy simulated runs (benchmarks/RESULTS.md, "Cost on a healthy run") it cost 1.4-1.5%
+# of the generation time at C=64; at C=256 6-8% (measured with half today's step there; off
+# by default either way); 128 was not measured, so it is off there too.
+AUTO_MAX_CONCURRENT = 64
+
+
+def slow_start_applies(mode: str, num_concurrent: int) -> bool:
+    """Whether a batch at ``num_concurrent`` starts slow under the knob's ``mode``."""
+    if mode == "auto":
+        return num_concurrent <= AUTO_MAX_CONCURRENT
+    return mode == "on"
+
+
+@dataclass
+class SlowStart:
+    """How many requests of one batch may be sent, and how many at once (pure).
+
+    Promises:
+    - at most ``full`` calls at once, and at most ``budget`` requests sent (counting only
+      calls that were answered or are still running: a failed call is retried, and the
+      retry is the one that counts);
+    - ``budget`` starts at ``MIN_SAMPLES`` when slow (infinite otherwise) and grows by
+      ``per_stop`` for every generation that did not run to the cap, and for every answer
+      that carries no generation the rule could judge; it never shrinks;
+    - after a trip it never grows again; after a trip that could not be applied (the probe
+      then runs unprobed), or once :meth:`run_dry` was called, it is infinite.
+    """
+
+    full: int
+    budget: float
+    per_stop: float
+    sent: int = 0
+    tripped: bool = False
+    ran_dry: bool = False  # the liveness guard opened it (see the module's docstring)
+
+    @classmethod
+    def for_batch(cls, full: int, min_samples: int, length_ratio: float, slow: bool) -> SlowStart:
+        """The policy of a batch of ``full`` concurrent calls; ``slow=False`` opens it at once."""
+        # Also when full <= MIN_SAMPLES: a healthy model never meets the budget there (each
+        # stop frees a place and adds more than one send), while a never-stopping one would
+        # otherwise refill the places its answers at the cap free before the rule can fire.
+        if not slow:
+            return cls(full, math.inf, 0.0)
+        # At least 1 / (1 - ratio): a stall then implies the rule fired (see the module's
+        # docstring). A ratio of 1 can never fire after a stop, so one stop opens the gate.
+        floor = 1.0 / (1.0 - length_ratio) if length_ratio < 1.0 else math.inf
+        return cls(full, float(min_samples), max(floor, 2 * full / min_samples))
+
+    def may_send(self, in_flight: int) -> bool:
+        return in_flight < self.full and self.may_send_more()
+
+    def may_send_more(self) -> bool:
+        """Whether the budget allows another request, whatever is in flight."""
+        return self.sent < self.budget
+
+    def send(self, generations: int = 1) -> None:
+        """A request of ``generations`` prompts was sent (the budget counts generations)."""
+        self.sent += generations
+
+    def finished(
+        self,
+        answered: bool,
+        labels: Sequence[str] | None,
+        tripped: bool,
+        unprobed: bool,
+        settled: bool = False,
+        generations: int = 1,
+    ) -> None:
+        """Take how one sent call of ``generations`` prompts ended: ``labels`` is what its answer
+        said (None: never observed)."""
+        self.learn(tripped, unprobed, settled)
+        if self.tripped:
+            return
+        if not answered:
+            self.sent -= generations
+            return
+        credits = sum(1 for label in labels if not is_pathological(label)) if labels else 1
+        if credits:  # never 0 * inf: that is NaN, and a NaN budget lets nothing through
+            self.budget += credits * self.per_stop
+
+    def learn(self, tripped: bool, unprobed: bool, settled: bool = False) -> None:
+        """Take where the batch's group stands: tripped (the budget never grows again), tripped
+        but not applied (the probe runs unprobed), or settled (its verdict is final without a
+        trip): in the last two the budget is infinite."""
+        self.tripped = self.tripped or tripped
+        if (unprobed or settled) and not self.tripped:
+            self.budget = math.inf
+
+    def run_dry(self) -> None:
+        """Open for good: calls are parked, none is in flight, and the rule has not decided."""
+        self.ran_dry = True
+        self.budget = math.inf
+
+
+class Gate:
+    """Admission of one event loop's calls, in the order they arrive, as its policy allows.
+
+    Promises: a call goes through at once while the policy allows, else it is parked; parked
+    calls go through in the order they arrived, each counted as sent by the policy; a call
+    cancelled while it waits never counts; once the policy has tripped, every waiting call is
+    let through at once without counting (its group answers it blank, and it never reaches the
+    server); calls are never parked while none is in flight (the liveness invariant). Every
+    call let through must be released exactly once.
+    """
+
+    def __init__(self, policy: SlowStart) -> None:
+        self.policy = policy
+        self.in_flight = 0
+        self._parked: deque[tuple[asyncio.Future[None], int]] = deque()
+
+    async def acquire(self, generations: int = 1) -> None:
+        """Wait until a call of ``generations`` prompts may go through."""
+        if not self._parked and self._may_admit():
+            self._admit(generations)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._parked.append((waiter, generations))
+        self._wake()  # none in flight: the liveness guard lets it through
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                # It was let through in the same instant it was cancelled: pass its place on.
+                self.release(answered=False, generations=generations)
+            raise
+
+    def release(
+        self,
+        answered: bool,
+        labels: Sequence[str] | None = None,
+        tripped: bool = False,
+        unprobed: bool = False,
+        settled: bool = False,
+        generations: int = 1,
+    ) -> None:
+        """End a call of ``generations`` prompts that was let through: how it ended, and where
+        its group stands. Should the policy fail, the gate opens for good (the parked calls
+        run unprobed, never wait for ever) and the error is raised."""
+        self.in_flight -= 1
+        try:
+            self.policy.finished(answered, labels, tripped, unprobed, settled, generations)
+        except Exception:
+            self.policy.run_dry()
+            raise
+        finally:
+            self._wake()
+
+    def _may_admit(self) -> bool:
+        return self.policy.tripped or self.policy.may_send(self.in_flight)
+
+    def _admit(self, generations: int) -> None:
+        self.in_flight += 1
+        if not self.policy.tripped:
+            self.policy.send(generations)
+
+    def _wake(self) -> None:
+        while True:
+            while self._parked and self._parked[0][0].done():  # cancelled while it waited
+                self._parked.popleft()
+            if not self._parked:
+                return
+            if not self._may_admit():
+                if self.in_flight:
+                    return
+                self.policy.run_dry()
+            waiter, generations = self._parked.popleft()
+            self._admit(generations)
+            waiter.set_result(None)
+
+
+class Gates:
+    """One gate per running event loop, as wide as the model's ``num_concurrent``."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self._settings = settings or Settings()
+        self._by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._by_loop)
+
+    def for_running_loop(self, lm: Any, can_be_evidence: bool = True) -> Gate | None:
+        """The gate of the running loop, or None when the model has no usable concurrency.
+
+        A loop's gate is made by its first call: it starts slow when the knob says so for this
+        concurrency and that call's answer can be evidence (a batch shares its ``max_tokens``,
+        so a batch whose answers cannot trip anything is never held back).
+        """
+        size = getattr(lm, "_concurrent", None)
+        if not isinstance(size, int) or size < 1:
+            return None
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            gate = self._by_loop.get(loop)
+            if gate is None:
+                settings = self._settings
+                slow = can_be_evidence and slow_start_applies(settings.slow_start, size)
+                policy = SlowStart.for_batch(size, settings.min_samples, settings.length_ratio, slow)
+                gate = self._by_loop[loop] = Gate(policy)
+        return gate

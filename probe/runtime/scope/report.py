@@ -1,0 +1,146 @@
+"""The report (``HYPERLOOM_EVAL_PROBE_REPORT``, set by ``eval-probe run``): what the
+evaluations of every probed process of one command observed, each added as it ends (so a
+forked worker, which skips exit handlers, still reports its evaluations).
+
+A command may start many Python processes (a script that runs lm-eval, then a helper that
+merely imports it). Each adds its own evaluations to the one report, under a lock, and a
+process in which nothing was evaluated adds nothing: a later idle process never replaces
+what lm-eval reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from probe.runtime.core.contract import ENV_REPORT, PROBE_VERSION, SCHEMA_VERSION
+from probe.runtime.core.sidecar import unique_keys, write_json_atomic
+from probe.runtime.scope.log import say
+
+
+def _open(path: str, flags: int) -> int:
+    """``os.open`` that never blocks on a FIFO or a device: OSError for anything but a
+    regular file (a process must never hang at exit on its report)."""
+    fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
+# No command's evaluations come near this (each adds tens of kilobytes); past it the file is no
+# report the probe wrote, and is never loaded whole.
+MAX_REPORT_BYTES = 64 << 20
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+
+
+def _read(path: str) -> Any:
+    """The JSON document at ``path``; None when absent; OSError or ValueError when unreadable,
+    larger than MAX_REPORT_BYTES, or holding a key twice in one object (``unique_keys``)."""
+    try:
+        fd = _open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        if os.fstat(handle.fileno()).st_size > MAX_REPORT_BYTES:
+            raise ValueError(f"{path} is larger than {MAX_REPORT_BYTES} bytes")
+        return json.load(handle, object_pairs_hook=unique_keys)
+
+
+def read_report(path: str) -> list[dict[str, Any]]:
+    """The evaluations a report lists, oldest first; [] when it is absent or not a report."""
+    try:
+        document = _read(path)
+    except Exception:  # any file may sit there: OSError, ValueError, JSON nested too deep, a device's reads
+        return []
+    version = document.get("schema_version") if isinstance(document, dict) else None
+    if type(version) is not int or version != SCHEMA_VERSION:  # True and 1.0 equal 1, and are none
+        return []
+    evaluations = document.get("evaluations")
+    # Each one an object, as the probe writes them: else it is no report (a trip could hide in it).
+    return evaluations if isinstance(evaluations, list) and all(isinstance(e, dict) for e in evaluations) else []
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock beside ``path`` (where fcntl exists; elsewhere none is taken)."""
+    with os.fdopen(_open(f"{path}.lock", _APPEND), "a") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        yield  # the lock goes with the file when it is closed
+
+
+def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
+    """Append ``evaluations`` to the report at ``path``, keeping what other processes wrote; raise
+    OSError, writing nothing, where something else is there (replacing it could drop a trip that
+    another process reported: left as it is, ``eval-probe run`` says it cannot tell)."""
+    with _locked(path):
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise OSError(f"{path} is not a regular file; it is left as it is")
+        earlier = read_report(path)
+        if not earlier and os.path.lexists(path):  # the probe never writes a report without evaluations
+            raise OSError(f"{path} holds something that is not a report this probe writes; it is left as it is")
+        listed = earlier + evaluations
+        write_json_atomic(
+            path, {"schema_version": SCHEMA_VERSION, "probe_version": PROBE_VERSION, "evaluations": listed}
+        )
+
+
+def note_trip(run_id: str) -> None:
+    """Under ``eval-probe run``: add ``run_id`` to ``REPORT.active`` before its trip record is
+    written, so that the record is known as the command's even if its process is killed before it
+    reports; never raises."""
+    path = os.environ.get(ENV_REPORT)
+    if path:
+        with contextlib.suppress(OSError), os.fdopen(_open(f"{path}.active", _APPEND), "a") as noted:
+            noted.write(f"{run_id}\n")
+
+
+def noted_trips(path: str) -> set[str]:
+    """The run identities ``note_trip`` added beside the report at ``path``."""
+    try:
+        with os.fdopen(_open(f"{path}.active", os.O_RDONLY), encoding="utf-8", errors="replace") as noted:
+            lines = noted.read(MAX_REPORT_BYTES).splitlines()
+    except OSError:
+        return set()
+    # Only what a run identity looks like (a random hex id and a pid): any process may write there.
+    return {line for line in lines if re.fullmatch(r"[0-9a-f]{1,64}\.[0-9]{1,10}", line, re.ASCII)}
+
+
+def mark_active() -> None:
+    """Under ``eval-probe run``: ``REPORT.active`` says the probe was active (installed on
+    lm-eval or vLLM) in a process of the command; never raises."""
+    path = os.environ.get(ENV_REPORT)
+    if path:
+        with contextlib.suppress(OSError):
+            os.close(_open(f"{path}.active", os.O_WRONLY | os.O_CREAT))
+
+
+def settle(scopes: Iterable[Any]) -> None:
+    """Add the final counters to the sidecars ``scopes`` wrote, and their evaluations (those
+    that saw anything) to the report, if one is asked for; never raises. Called as each
+    evaluation ends, and at exit for the rest."""
+    scopes = list(scopes)
+    for scope in scopes:
+        try:
+            scope.finalise()
+        except Exception as error:
+            say(f"could not add the final counters to the sidecar: {error!r}")
+    path = os.environ.get(ENV_REPORT)
+    if not path:
+        return
+    try:
+        evaluations = [scope.evidence_document() for scope in scopes if not scope.idle()]
+        if evaluations:
+            add_to_report(path, evaluations)
+    except Exception as error:
+        say(f"could not write the observation report {path}: {error!r}")
