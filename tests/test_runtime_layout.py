@@ -14,6 +14,14 @@ from probe.runtime import registry
 # Release-independent: it reads source files only.
 pytestmark = pytest.mark.release_independent
 
+
+def integration_folders() -> tuple[str, ...]:
+    """The folders that hold the registered integrations: adding a backend is a folder and its
+    line in ``registry.INTEGRATIONS``, nothing here."""
+    modules = (integration.install.__module__ for integration in registry.INTEGRATIONS)
+    return tuple(sorted({module.removeprefix("probe.runtime.").partition(".")[0] for module in modules}))
+
+
 # Lower layers first. A module may import from its own folder and from any folder of a lower
 # layer; the folders of one layer (the integrations) never import one another.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -21,10 +29,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hooking",),
     ("scope",),
     ("inprocess",),
-    ("evaluator", "api_models", "vllm", "huggingface"),
+    integration_folders(),
     ("",),  # the package root: the registry and the installer, which tie the integrations together
 )
-INTEGRATION_FOLDERS = LAYERS[-2]
 LAYER = {folder: rank for rank, folders in enumerate(LAYERS) for folder in folders}
 
 
@@ -93,7 +100,7 @@ def test_there_are_no_import_cycles() -> None:
         visit(name, ())
 
 
-def test_every_integration_folder_is_in_the_registry() -> None:
-    registered = {integration.install.__module__.removeprefix("probe.runtime.").partition(".")[0]
-                  for integration in registry.INTEGRATIONS}  # fmt: skip
-    assert registered == set(INTEGRATION_FOLDERS)
+def test_every_folder_is_a_layer_or_a_registered_integration() -> None:
+    folders = {p.name for p in RUNTIME.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(LAYER) - {""}
+    assert {"evaluator", "api_models", "vllm", "huggingface"} <= set(integration_folders())
