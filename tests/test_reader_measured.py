@@ -125,3 +125,18 @@ def test_answers_partly_replayed_from_the_cache_never_pass_the_cap_rate_stop(tmp
     code, (verdict,) = read(tmp_path / "second", "--cap-rate-fails", "--max-cap-rate", "0.05")
     assert verdict["status"] == "unavailable" and "of the 40 generations lm-eval scored" in verdict["reason"]
     assert code == 2
+    # Without the stop, the score stands, but the rate over the half it saw is never shown as the task's.
+    code, (verdict,) = read(tmp_path / "second", "--max-cap-rate", "0.05")
+    assert verdict["cap_rate"] is None and "20 of the 40 generations lm-eval scored" in verdict["reason"]
+    assert "its cap rate is unknown" in verdict["reason"]
+
+
+def test_an_unprobed_generate_task_never_passes_the_cap_rate_stop(tmp_path) -> None:
+    # A pipeline whose patch did not apply: nothing watched how its answers ended.
+    task = write_task(tmp_path / "task", DOCS)
+    evaluate(task, "healthy", tmp_path / "out", probed=False)
+    code, (verdict,) = read(tmp_path / "out", "--cap-rate-fails")
+    assert verdict["status"] == "unavailable" and "the probe did not watch this run" in verdict["reason"]
+    assert code == 2
+    code, (verdict,) = read(tmp_path / "out")
+    assert verdict["status"] == "ok" and code == 0

@@ -257,14 +257,21 @@ class _Judge:
         if unseen and options.cap_rate_fails:
             return self.unavailable(source, f"{unseen}: its cap rate is unknown, and --cap-rate-fails lets none "
                                     "through", **base)  # fmt: skip
+        if unseen and c.evidence is not None:  # a rate over the generations it saw is not the task's
+            base["cap_rate"] = None
+            return self.score(source, value, figures, self.caveat(figures, value),
+                              unknown=f"{unseen}: its cap rate is unknown", **base)  # fmt: skip
         return self.score(source, value, figures, self.caveat(figures, value), **base)
 
     @staticmethod
     def unobserved(c: Any, task: str, figures: dict | None) -> str:
-        """Why the probe did not see every generation lm-eval scored for a probed generate task
-        (answers replayed from lm-eval's cache reach no model), or "" when it saw them all."""
-        if c.evidence is None or task not in c.generate_tasks:
+        """Why the probe did not see every generation lm-eval scored for a generate task (an
+        unprobed run, or answers replayed from lm-eval's cache, which reach no model), or "" when
+        it saw them all."""
+        if task not in c.generate_tasks:
             return ""
+        if c.evidence is None:
+            return "the probe did not watch this run (its results file holds no evidence of the probe)"
         if figures is None:
             return "the probe observed none of this task's generations (answers replayed from lm-eval's cache?)"
         seen, scored = figures.get("generate_requests"), c.samples.get(task)
@@ -278,14 +285,17 @@ class _Judge:
         options = self.options
         return ev.caveat(figures, value, options.higher_is_better, options.max_cap_rate, force) if figures else None
 
-    def score(self, source: Source, value: float, figures: dict | None, caveat: dict | None, **base: Any) -> Verdict:
-        """The verdict a finite score gets, with its caveat (None when none is due)."""
+    def score(
+        self, source: Source, value: float, figures: dict | None, caveat: dict | None, unknown: str = "", **base: Any
+    ) -> Verdict:
+        """The verdict a finite score gets, with its caveat (None when none is due) and ``unknown``:
+        why its cap rate is not known, if it is not."""
         options = self.options
         quiet = ev.silence(figures) if figures else None
         cause = quiet and "did not answer"
         if caveat:
             cause = cause or f"cut off: {ev.cause_text(caveat)}"
-        notes = "".join(f"; {note}" for note in (quiet, caveat and caveat["text"]) if note)
+        notes = "".join(f"; {note}" for note in (quiet, caveat and caveat["text"], unknown) if note)
         fields = {**base, "cause": cause, "caveat": caveat}
         if options.fails_on(caveat):
             return self.verdict(source, Status.BELOW_FLOOR, f"{caveat['cut_off']} of {caveat['observations']} "
