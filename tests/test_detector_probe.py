@@ -222,9 +222,9 @@ def test_the_slow_start_credits_a_false_flag_as_the_stop_it_was(result_dir: Path
     budgets = []
     for request in (flagged, plain):
         policy = SlowStart.for_batch(64, probe.settings.min_samples, probe.settings.length_ratio, slow=True)
-        before = policy.budget
+        before = policy.allowance
         policy.finished(True, request.labels, request.group.tripped, False)
-        budgets.append(policy.budget - before)
+        budgets.append(policy.allowance - before)
     assert budgets[0] == budgets[1] > 0
 
 

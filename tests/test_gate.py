@@ -52,7 +52,7 @@ def test_a_ratio_of_one_never_makes_the_budget_nan() -> None:
     _send_all(policy)
     policy.finished(True, ["length"], tripped=False, unprobed=False)  # 0 credits * inf per stop
     policy.finished(True, ["length"], tripped=False, unprobed=False)
-    assert policy.budget == 16
+    assert policy.allowance == 16
     policy.finished(True, ["stop"], tripped=False, unprobed=False)
     assert policy.may_send(0)
 
@@ -109,7 +109,7 @@ def test_a_trip_never_lets_more_be_sent() -> None:
     policy.finished(True, ["stop"], tripped=True, unprobed=False)
     policy.finished(True, ["stop"], tripped=False, unprobed=False)
     policy.finished(False, None, tripped=False, unprobed=False)
-    assert policy.budget == 16 and policy.sent == 16 and not policy.may_send(0)
+    assert policy.allowance == 16 and policy.sent == 16 and not policy.may_send(0)
 
 
 def test_a_trip_that_could_not_be_applied_opens_it() -> None:
@@ -148,7 +148,7 @@ def test_the_gate_runs_dry_only_once_the_rule_has_fired(ratio: float, p_cap: flo
 
 def test_when_off_only_num_concurrent_limits_it() -> None:
     policy = SlowStart.for_batch(64, 16, 0.75, slow=False)
-    assert policy.budget == math.inf and policy.may_send(63) and not policy.may_send(64)
+    assert policy.allowance == math.inf and policy.may_send(63) and not policy.may_send(64)
 
 
 @pytest.mark.parametrize("full", [16, 8])
@@ -207,7 +207,7 @@ def test_gates_start_slow_only_where_the_knob_and_the_evidence_say() -> None:
     async def budget(mode: str, concurrent: int, can_be_evidence: bool = True) -> float:
         gate = Gates(contract.Settings(slow_start=mode)).for_running_loop(_Model(concurrent), can_be_evidence)
         assert gate is not None
-        return gate.policy.budget
+        return gate.policy.allowance
 
     assert asyncio.run(budget("auto", 64)) == 16
     assert asyncio.run(budget("auto", 8)) == 16

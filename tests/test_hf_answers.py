@@ -18,7 +18,7 @@ from support.hf import echo_hflm, hf_requests, in_batch_order
 
 from probe.runtime import install
 from probe.runtime.core import contract
-from probe.runtime.core.answers import ShortCircuitAnswer
+from probe.runtime.core.answers import BlankAnswer
 from probe.runtime.scope import state
 
 pytestmark = pytest.mark.hf
@@ -87,7 +87,7 @@ def check_answers(echo_lm: Any, prompts: list[str], min_samples: int, tmp_path: 
     finally:
         install.uninstall()
     assert len(probed) == len(unprobed) == len(prompts)
-    blank = [isinstance(answer, ShortCircuitAnswer) for answer in probed]
+    blank = [isinstance(answer, BlankAnswer) for answer in probed]
     assert all(answer == "" for answer, b in zip(probed, blank, strict=True) if b)
     assert [a for a, b in zip(probed, blank, strict=True) if not b] == [
         a for a, b in zip(unprobed, blank, strict=True) if not b

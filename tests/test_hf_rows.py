@@ -18,7 +18,7 @@ from support.hf import echo_hflm, hf_requests
 
 from probe.runtime import install
 from probe.runtime.core import contract
-from probe.runtime.core.answers import ShortCircuitAnswer
+from probe.runtime.core.answers import BlankAnswer
 from probe.runtime.scope import state
 
 pytestmark = pytest.mark.hf
@@ -64,7 +64,7 @@ def test_a_models_own_max_new_tokens_is_the_budget_its_rows_are_judged_by(echo_l
     task = task_evidence(probe)["probe_prompts"]
     assert task["observations"] == 4 and task["finish_reasons"] == {"length": 4}
     assert task["causes"]["output_cap"] == 4 and task["max_tokens"] == [5] and task["tripped"] is True
-    assert [a for a in answers if not isinstance(a, ShortCircuitAnswer)] == ["xxxxx"] * 4
+    assert [a for a in answers if not isinstance(a, BlankAnswer)] == ["xxxxx"] * 4
 
 
 def test_rows_that_generate_ends_by_time_are_observed_not_lost(echo_lm, probed, monkeypatch) -> None:

@@ -1,18 +1,11 @@
 """Glue for lm-eval's API models (``TemplateAPI``): the async and the sync request paths.
 
-- ``amodel_call`` (``num_concurrent > 1``) is held at the outer gate (which starts slow and
-  learns from each finished call), runs as a task of its own so that a trip can cancel it,
-  and answers blank once its group has tripped; its generate requests are streamed where the
-  payload and the knob allow (``streamed_post``) while its group's verdict is open, so that the
-  probe sees the text as it comes.
-- ``model_call`` (``num_concurrent <= 1``) answers blank once its group has tripped.
-- ``generate_until`` sorts a group's requests in a seeded sample order instead of lm-eval's
-  longest first (``order``), on both paths: what the sync path sends next, and which prompts
-  share a request when ``batch_size > 1``.
-- Responses are observed through ``parse_generations``, whatever a pipeline replaced it with;
-  each request's budget is read off the payload lm-eval builds for it (``_create_payload``,
-  whatever a pipeline replaced it with, wrapped as it is called: never called by the probe),
-  predicted before then (``budgets``).
+``amodel_call`` waits at the outer gate, may stream, and can be cancelled by a trip.
+Both paths answer blank once the request's group has tripped.
+``generate_until`` sends each group's seeded sample first, on both paths.
+Responses are observed through ``parse_generations``, whatever a pipeline replaced it with.
+Each budget is read off the payload lm-eval builds; the probe never calls a builder itself.
+See docs/api.md.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from typing import Any
 
 from probe.runtime.api_models import budgets
 from probe.runtime.api_models.streamed_post import StreamingSession
-from probe.runtime.core.answers import BLANK, ShortCircuitedResponse
+from probe.runtime.core.answers import BLANK, BlankResponse
 from probe.runtime.core.contract import ENV_MIN_MAX_TOKENS
 from probe.runtime.core.streaming import wanted
 from probe.runtime.hooking.integration import Integration
@@ -121,8 +114,10 @@ def observe_builder(lm: Any) -> bool:
 
 
 def _builder_in_effect(lm: Any) -> tuple[type | None, Any]:
-    """The class that defines the ``_create_payload`` lm-eval calls for ``lm``, and its raw attribute;
-    (None, None) where there is none, or it is set on the model object (which the probe never wraps)."""
+    """The class that defines the ``_create_payload`` lm-eval calls for ``lm``, and its raw attribute.
+
+    (None, None) where there is none, or where it is set on the model object: the probe never wraps that.
+    """
     if "_create_payload" in getattr(lm, "__dict__", {}):
         return None, None
     return _raw_attribute(type(lm), "_create_payload")
@@ -237,10 +232,11 @@ async def _run_async(
 def _streaming(
     probe: state.Probe, request: Request, original: Callable, lm: Any, args: tuple, kwargs: dict
 ) -> tuple[tuple, dict]:
-    """The call's arguments, its session replaced by one that streams (``streamed_post``)
-    when the knob allows and the loop detector would read the text (it is on, and the request
-    is evidence) and its group's verdict is open (``Probe.worth_streaming``); the arguments
-    unchanged otherwise, and on any error."""
+    """The call's arguments, with its session replaced by one that streams (``streamed_post``).
+
+    That happens when the knob allows, the detector would read the text, and the verdict is open.
+    Otherwise, and on any error, the arguments come back unchanged.
+    """
     if not wanted(probe.settings, [request]):
         return args, kwargs
     mode = probe.settings.stream
@@ -279,7 +275,7 @@ def _probed_model_call(original: Callable) -> Callable:
         probe, request = _begin(self, original, args, kwargs, "model_call")
         if probe is not None and request is not None and request.group.tripped:
             probe.blanks(request)
-            return ShortCircuitedResponse(request.n_answers)
+            return BlankResponse(request.n_answers)
         token = _CURRENT.set(request)  # for the payload builder (observe_builder); reset before parsing
         try:
             outputs = original(self, *args, **kwargs)
@@ -298,7 +294,7 @@ def _observing_parser(original: Callable, position: int) -> Callable:
 
     def parse_generations(*args: Any, **kwargs: Any) -> Any:
         outputs = kwargs["outputs"] if "outputs" in kwargs else args[position] if len(args) > position else None
-        if isinstance(outputs, ShortCircuitedResponse):
+        if isinstance(outputs, BlankResponse):
             return [BLANK] * outputs.n
         answers = original(*args, **kwargs)
         request = _CURRENT.get()

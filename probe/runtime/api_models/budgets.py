@@ -1,13 +1,8 @@
-"""The budget an API request names (``max_tokens``; a chat request's ``max_completion_tokens``):
-read off the payload it is sent with, and predicted before that payload is built.
+"""The budget an API request names (``max_tokens``; a chat request's ``max_completion_tokens``).
 
-A completions request's budget is its max_tokens. A chat request may name two, max_tokens and
-max_completion_tokens (lm-eval's local chat model passes a max_completion_tokens setting on beside
-max_tokens; its OpenAI model sends max_completion_tokens alone), which chat servers read in
-different orders (vLLM and OpenAI take max_completion_tokens first, some SGLang releases
-max_tokens): both are returned, for the probe to judge by what holds under either. A null or zero
-one is no budget: servers then take the other (vLLM: max_completion_tokens or max_tokens), and
-where neither is left none is known.
+It is read off the payload the request is sent with, and predicted before that payload is built.
+Where a chat request names two, both are returned: the probe judges by what holds under either.
+A null or zero one is no budget. See docs/api.md.
 """
 
 from __future__ import annotations
@@ -49,9 +44,11 @@ def names_a_budget(payload: Any) -> bool:
 
 
 def predicted(lm: Any, gen_kwargs: Any, chat: bool) -> Budget:
-    """The budget of a request with these settings, before its payload is built: read off the
-    payload lm-eval's own builder makes for them (``_own_payload``), else computed the way
-    lm-eval's own models compute it."""
+    """The budget of a request with these settings, before its payload is built.
+
+    It is read off the payload lm-eval's own builder makes (``_own_payload``).
+    Else it is computed the way lm-eval's own models compute it.
+    """
     payload = _own_payload(lm, gen_kwargs, chat)
     if payload is None:
         default = getattr(lm, "_max_gen_toks", None)
@@ -62,10 +59,12 @@ def predicted(lm: Any, gen_kwargs: Any, chat: bool) -> Budget:
 
 
 def _own_payload(lm: Any, gen_kwargs: Any, chat: bool) -> dict[str, Any] | None:
-    """The payload lm-eval's own builder for this model (``own_builder``) makes from a copy of
-    these settings (building it pops them) for an empty prompt, with no end-of-text string: the
-    budget depends on neither, and reading the model's (``eos_string``) may ask a server for its
-    tokenizer. None where lm-eval has no builder for it, the builder fails, or names no budget."""
+    """The payload lm-eval's own builder (``own_builder``) makes from a copy of these settings.
+
+    Building pops the settings, hence the copy. The prompt is empty and there is no end-of-text string.
+    The budget depends on neither, and reading ``eos_string`` may ask a server for its tokenizer.
+    None where lm-eval has no builder for the model, the builder fails, or it names no budget.
+    """
     build = own_builder(lm)
     if build is None:
         return None
@@ -81,11 +80,13 @@ def _own_payload(lm: Any, gen_kwargs: Any, chat: bool) -> dict[str, Any] | None:
 
 
 def own_builder(lm: Any) -> Callable | None:
-    """lm-eval's own ``_create_payload`` for ``lm``: the first along its class's MRO whose code lies
-    in lm-eval's package, as lm-eval wrote it (wrappers that keep ``__wrapped__`` unwrapped, the
-    probe's own included); None where there is none. Never a pipeline's own, on its class, on
-    lm-eval's or on the instance: it may count, log or change what it is given, and run twice
-    here it would."""
+    """lm-eval's own ``_create_payload`` for ``lm``, as lm-eval wrote it; None where there is none.
+
+    It is the first along the class's MRO whose code lies in lm-eval's package.
+    Wrappers that keep ``__wrapped__``, the probe's own included, are unwrapped.
+    Never a pipeline's own, wherever it is set: it may count, log or change what it is given.
+    Run here, it would run twice.
+    """
     home = _lm_eval_home()
     for cls in type(lm).__mro__:
         found = vars(cls).get("_create_payload")

@@ -1,25 +1,11 @@
 """The aiohttp glue of streamed evidence: a stand-in for lm-eval's session whose ``post`` streams.
 
-lm-eval's own ``amodel_call`` runs unchanged (its payload, its retries, its error handling,
-its parser and its cache); only the session it is handed differs. For a payload that may be
-streamed (``stream.streamable``) its ``post`` sends the request with ``"stream": true``,
-feeds each choice's new text to the probe as it arrives, and hands lm-eval a response whose
-``json()`` is the reassembled unstreamed body. When the stream cannot be reassembled with
-certainty (a refusal, a reply that is not a stream, an event it does not know, no usage), it
-sends the ordinary request instead and hands lm-eval that response, untouched; this is said
-once per server and reason. A server that ignores ``stream`` and sends the whole unstreamed
-response as JSON has answered already: that answer goes to lm-eval as it came, and nothing is
-sent twice. Under ``auto``, a server whose ordinary request succeeded after such a fallback,
-or that ignored ``stream``, is not streamed again in this evaluation; under ``on`` every request
-tries.
-A stream that breaks off or stalls (the connection lost, lm-eval's timeout) falls back in the
-same way, since a stream can fail where the ordinary request would not (a proxy, a server's
-streaming path): the ordinary request then decides what lm-eval gets, a server that is down
-failing it as it would unstreamed (lm-eval retries). Under ``auto`` a server whose stream
-stalled is not streamed again (each stall costs a timeout); nor is one whose streams break off
-again, a stream begun after the last break breaking too (a proxy that cuts every stream), while
-the streams a restart cuts at once leave it streamed. A connection that cannot be made, or an
-unstreamed JSON reply that breaks off, propagates as it would unstreamed.
+lm-eval's own ``amodel_call`` runs unchanged: its payload, retries, error handling, parser and cache.
+For a payload that may stream, ``post`` feeds each choice's new text to the probe as it arrives.
+lm-eval then gets a response whose ``json()`` is the reassembled unstreamed body.
+What cannot be reassembled with certainty is sent again as one ordinary request, said once.
+lm-eval gets that response untouched. A server that ignores ``stream`` is not asked twice.
+See docs/api.md.
 """
 
 from __future__ import annotations
@@ -202,9 +188,11 @@ class _StreamedPost:
 
 
 def _refusing(step: Any, *arguments: Any) -> Any:
-    """``step(*arguments)``, one step of the reassembly, whose every failure is a refusal: one the
-    reassembly did not foresee (a defect of its own) must not escape into lm-eval, which would
-    retry the same stream until the run died; the ordinary request decides instead."""
+    """``step(*arguments)``, one step of the reassembly, whose every failure is a refusal.
+
+    A defect of the reassembly must not escape into lm-eval, which would retry the stream until the run died.
+    The ordinary request decides instead.
+    """
     try:
         return step(*arguments)
     except Unassemblable:
@@ -227,10 +215,12 @@ def _aiohttp(name: str, fallback: type[BaseException]) -> type[BaseException]:
 
 
 async def _json_answer(response: Any, n_choices: int) -> AnsweredUnstreamed | None:
-    """The unstreamed response in a reply to a streamed request that is not a stream, read as
-    lm-eval reads a response (aiohttp's ``json()``: its content-type check, the charset the
-    header names, no byte-order mark), or None when it is not one: the ordinary request that
-    follows then gets lm-eval whatever it would have got, an error included."""
+    """The unstreamed response in a non-stream reply to a streamed request, or None when it is not one.
+
+    It is read as lm-eval reads a response: aiohttp's ``json()``, with its content-type check,
+    the charset the header names, and no byte-order mark.
+    On None, the ordinary request that follows gets lm-eval whatever it would have got, errors included.
+    """
     # aiohttp's ContentTypeError is "not JSON", as a decode error is, and so is JSON nested past
     # Python's stack (RecursionError). A timeout or a connection lost while the body is read
     # propagates, as it would unstreamed.

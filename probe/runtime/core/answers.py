@@ -4,13 +4,13 @@ cache and no reader mistakes them for a model's."""
 from __future__ import annotations
 
 
-class ShortCircuitAnswer(str):
+class BlankAnswer(str):
     """The empty answer the probe makes up; its type keeps it out of every cache."""
 
     __slots__ = ()
 
 
-BLANK = ShortCircuitAnswer("")
+BLANK = BlankAnswer("")
 
 
 def blanks(n: int) -> list[str]:
@@ -18,7 +18,7 @@ def blanks(n: int) -> list[str]:
     return [BLANK] * n
 
 
-class ShortCircuitedResponse(dict):
+class BlankResponse(dict):
     """What the sync path's ``model_call`` returns for a short-circuited request.
 
     Shaped like a real response, so a parser that is not ours still reads empty answers;

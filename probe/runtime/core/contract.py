@@ -1,11 +1,9 @@
 """The contract with the pipelines that already run the probe: names, knobs, defaults.
 
-The ``HYPERLOOM_EVAL_PROBE*`` variables and the ``hyperloom_eval_probe.json`` sidecar name
-are what they are because pipelines (InferenceX's ``benchmark_lib.sh`` and the
-orchestrators that read its results) already set and read them: renaming any of them
-would silently switch the probe off, or hide its evidence, in every such pipeline. The
-effective knob values are part of the *evaluation contract*: runs made under different
-settings carry different fingerprints, so they never look comparable.
+Pipelines already set and read these names, so they must never be renamed.
+The effective knob values are part of the evaluation contract, with a fingerprint.
+Runs made under different settings never look comparable.
+See docs/knobs.md.
 """
 
 from __future__ import annotations
@@ -82,8 +80,8 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 #   of CAUSES below. The rule counts every cause in RULE_CAUSES ("pathological" in the trip
 #   record's figures); an abort is the server's doing, so it is filed but never counted.
 # - cap rate: cut off / observations, per task (``cut_off_rate`` in the evidence).
-# - blank: the empty answer the probe makes up (``answers.BLANK``, typed so that no cache
-#   stores it). A request answered blank is *short-circuited*: never sent, or *cancelled in
+# - blank answer: the empty answer the probe makes up (``answers.BLANK``, a ``BlankAnswer``,
+#   typed so that no cache stores it). A request answered blank is *short-circuited*: never sent, or *cancelled in
 #   flight* (sent, then cancelled by the trip). A task some of whose requests were answered
 #   blank was *cut short*.
 # - trip: the rule fired and this evaluation's sidecar holds the trip record; a *failed
@@ -96,6 +94,8 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}\.[0-9]{1,10}")
 #   read are counted (``watched``), so that every run measures the detector's precision. A flag
 #   never ends a request by itself: only a trip of its group does.
 # - sample: the requests of a group that the rule judges, sent first (``rule``, ``order``).
+# - budget: a request's ``max_tokens``. The slow start's count of requests it may send is its
+#   *allowance*, never a budget.
 # - evaluation: one ``simple_evaluate`` call, the probe's scope (``state.Probe``): its own
 #   groups, evidence, run identity, sidecar and gates.
 # ---------------------------------------------------------------------------------------
@@ -328,16 +328,11 @@ def settings_fingerprint(settings: Settings) -> str:
 
 
 def run_id(environ: dict[str, str] | None = None, fresh: bool = False) -> str:
-    """This run's identity: made here when ``fresh`` (this process runs an evaluation), else
-    inherited from the process that started the run, else made here.
+    """This run's identity: inherited from the process that started the run, else made here.
 
-    A run is one lm-eval evaluation and the processes it starts (data-parallel workers,
-    for one); they share the identity through ``HYPERLOOM_EVAL_PROBE_RUN_ID``, which holds a
-    random id and the pid of the process that made it. An inherited value counts only when
-    that pid is this process or one of its ancestors, so a value leaked into a shell never
-    makes two runs look like one; and an evaluation never inherits one, so two lm-eval runs
-    started by one script or launcher never share it. A new identity is put into ``environ``
-    for children.
+    ``fresh`` (this process runs an evaluation) always makes one.
+    An inherited identity counts only from this process or an ancestor.
+    A new identity is put into ``environ`` for children. See docs/sidecar.md.
     """
     env = os.environ if environ is None else environ
     inherited = env.get(ENV_RUN_ID, "")

@@ -1,24 +1,10 @@
 """A per-generation loop detector fed the output as it arrives (pure, standard library only).
 
-It is an n-gram repetition CUSUM: each new unit (a cheap token proxy) scores 1 when the
-n-gram it closes occurred within the last ``window`` units, else 0, and
-``S = max(0, S + score - drift)`` accumulates the excess of repeats. A flag must be earned:
-``S`` reaches ``threshold`` *and* the repeating stretch covers ``repeats`` periods of its
-cycle. A function restated once, a chorus sung twice or a table's repeated cells repeat a
-block once or twice and drain again; a loop keeps repeating. A period lock scores a unit that
-equals the unit one period back, so a near-loop (a few units perturbed) keeps climbing; a unit
-that differs where the copy before differed too is a template's slot, and drops the lock.
-
-A flag is made certain once the repeating stretch has gone on ``CERTAIN_UNITS`` units with no
-template's slot in them (a record's values that change every period): only a certain flag counts
-for the trip rule, so a healthy answer that repeats a block for a while and then ends, or lists
-records, is never taken for a loop.
-
-Promises (tested as properties): an exact cycle of period P is flagged within
-:meth:`LoopDetector.flag_bound` units of its start; the verdict depends only on the text fed,
-never on how it was cut into deltas; flagged stays flagged; each delta costs O(its length) and
-memory is O(window). docs/detector.md has the method, the units, and the measurement on real
-model outputs.
+An n-gram repetition CUSUM flags a generation once its repeats are both many and periodic.
+A flag becomes certain after ``CERTAIN_UNITS`` units of repetition with no template's slot.
+Only a certain flag counts for the trip rule.
+The verdict depends only on the text fed, never on how it was cut; flagged stays flagged.
+See docs/detector.md for the method, its bounds and its measurement on real outputs.
 """
 
 from __future__ import annotations

@@ -56,15 +56,11 @@ class Choice:
 def describe_choices(response: Any, max_tokens: int | None, fewest: int | None = None) -> list[Choice]:
     """One Choice per well-formed choice of an OpenAI-style response; [] if none is.
 
-    A label is the choice's ``finish_reason`` when it is a string; when it is absent,
-    ``usage.completion_tokens`` decides between ``usage_at_cap`` and ``usage_below_cap``
-    (shared evenly among the choices). Anything malformed yields no Choice. ``max_tokens``
-    None is a budget the probe does not know: then nothing is taken to be at the cap (a
-    choice without a finish reason says nothing, and a ``length`` is filed as ``length``).
-    ``fewest``: the smaller of two budgets the server may use (None: ``max_tokens``): a
-    ``length`` that reaches it is the cap's, while a stop is at the cap only at ``max_tokens``.
-    An SGLang-native response (``/generate``, lm-eval's sglang-generate) is read as the
-    OpenAI-style one it stands for (``_openai_shaped``).
+    A label is the choice's ``finish_reason``, else read off ``usage.completion_tokens``.
+    ``max_tokens`` None is an unknown budget: then nothing is taken to be at the cap.
+    ``fewest``: the smaller of two budgets the server may use (None: ``max_tokens``).
+    An SGLang-native response is read as the OpenAI-style one it stands for.
+    See docs/evidence.md.
     """
     if _is_sglang_native(response):
         return [
@@ -100,10 +96,12 @@ def describe_choices(response: Any, max_tokens: int | None, fewest: int | None =
 
 
 def _is_sglang_native(response: Any) -> bool:
-    """An SGLang ``/generate`` answer: one output, or a list of them (one per prompt), holding
-    its text and a ``meta_info`` and no OpenAI choices (a response with a list of choices is read
-    by them, whatever else a proxy added; a null or empty one is no OpenAI answer). In a list, an
-    output without a meta_info is read as nothing."""
+    """Whether ``response`` is an SGLang ``/generate`` answer: one output, or a list (one per prompt).
+
+    Each output holds its text and a ``meta_info``, and there are no OpenAI choices.
+    A response with a list of choices is read by them, whatever a proxy added.
+    A null or empty list of choices is no OpenAI answer. In a list, an output without a meta_info is read as nothing.
+    """
     outputs = response if isinstance(response, list) else [response]
     return any(
         isinstance(output, Mapping)
@@ -183,9 +181,10 @@ def stopped_on_its_own(choice: Choice) -> bool:
 
 
 def _record_budget(budgets: set, max_tokens: int | tuple[int, ...] | None) -> None:
-    """Keep ``max_tokens`` (one budget, or each of a request's: ``Request.budgets``) among the
-    budgets an evidence record lists when a reader can hold it (a count): a budget of 10**400
-    still judges its generations, but is not written."""
+    """Keep ``max_tokens`` (one budget, or each of ``Request.budgets``) among an evidence record's budgets.
+
+    Only a budget a reader can hold (a count) is written. A budget of 10**400 still judges its generations.
+    """
     for budget in max_tokens if isinstance(max_tokens, tuple) else (max_tokens,):
         if is_count(budget):
             budgets.add(budget)
@@ -283,8 +282,10 @@ class Tally:
         _record_budget(self.max_tokens, max_tokens)
 
     def withdraw(self) -> None:
-        """A flagged generation stopped on its own before its budget: its flag was false, and it
-        is no longer counted as pathological (its ending is counted by ``add_choices``)."""
+        """A flagged generation stopped on its own before its budget, so its flag was false.
+
+        It stops counting as pathological; ``add_choices`` counts its ending.
+        """
         self.observed -= 1
         self.pathological -= 1
         self.flagged -= 1

@@ -1,15 +1,11 @@
 """The trip rule and the sample it judges (pure).
 
-A group's requests get places in the order they are sent. The backends send a seeded uniform
-sample first (``order``), so the first places are that sample, whatever order lm-eval chose.
-The rule judges the first places that hold ``size`` generations, and counts each once,
-by its outcome: pathological, healthy, or not known yet (counted as healthy). It fires once
-MIN_SAMPLES outcomes are known and at least LENGTH_RATIO of the sample is pathological, so
-only where the sample would fire once every outcome is known: the order in which
-outcomes arrive (flags before endings, short answers before long ones) cannot trip a run.
-The sample grows by ``step`` generations while it leans pathological and every outcome is
-known, up to ``limit`` (the reserve the backends send first). docs/rule.md gives the
-trip-probability table and why it holds.
+The rule judges the first places of a group, which hold its seeded sample.
+Each generation counts once: pathological, healthy, or not known yet (counted as healthy).
+It fires once MIN_SAMPLES outcomes are known and LENGTH_RATIO of the sample is pathological.
+So the order in which outcomes arrive can never trip a run.
+The sample grows by ``step`` while it leans pathological, up to ``limit``.
+See docs/rule.md for the trip-probability table and why it holds.
 """
 
 from __future__ import annotations
@@ -72,9 +68,10 @@ class Sample:
             self.outcomes[place] = [None] * max(1, generations)
 
     def worth_watching(self, place: int | None) -> bool:
-        """Whether the partial output of the request at ``place`` may bring the verdict sooner:
-        the sample's verdict is not final, and the rule judges it now, or may once the sample
-        grows (the outcomes known so far lean pathological)."""
+        """Whether the partial output of the request at ``place`` may bring the verdict sooner.
+
+        That is while the verdict is not final, and the rule judges that place now or may once the sample grows.
+        """
         if place is None or self.final or place >= self._places(self.limit)[0]:
             return False
         judged = self._places(self.size)[0]

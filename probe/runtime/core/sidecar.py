@@ -210,9 +210,10 @@ class DuplicateKey(ValueError):
 
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``'s ``object_pairs_hook`` for files others wrote: an object that holds a
-    key twice raises DuplicateKey (Python would silently keep the last value, so a file
-    could carry a tripped record and a healthy one, and read as the healthy one)."""
+    """``json.loads``'s ``object_pairs_hook`` for files others wrote: a key held twice raises DuplicateKey.
+
+    Python would silently keep the last value, so a tripped record could read as a healthy one.
+    """
     document = dict(pairs)
     if len(document) == len(pairs):
         return document
@@ -252,17 +253,11 @@ TRIP_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
 
 
 def trip_record_problem(document: Any, now: float | None = None) -> str | None:
-    """Why ``document`` is not a sidecar to trust, or None when it is: the one definition of
-    a valid sidecar, for the runtime and the reader alike.
+    """Why ``document`` is not a sidecar to trust, or None when it is.
 
-    Valid means: an object whose ``schema_version`` is the integer SCHEMA_VERSION (not
-    ``true``), whose ``verdict`` (the trip record) holds every field of TRIP_RECORD_FIELDS
-    with its type, whose ``final`` is null or an object, which nests at most MAX_DEPTH
-    levels and holds no non-finite number anywhere (nor an integer beyond a float's range;
-    and, as read from a file, no object holds a key twice: ``unique_keys``). With ``now``, a
-    ``tripped_at`` later than ``now`` by more than MAX_CLOCK_SKEW_S is refused too (a reader
-    judging a finished run asks that; the runtime, which only moves another run's record aside,
-    does not).
+    This is the one definition of a valid sidecar, for the runtime and the reader alike.
+    With ``now``, a ``tripped_at`` too far in the future is refused too.
+    See docs/sidecar.md.
     """
     if not isinstance(document, dict):
         return "a JSON document that is not an object"
@@ -295,11 +290,12 @@ def trip_record_problem(document: Any, now: float | None = None) -> str | None:
 
 
 def json_safe(value: Any, depth: int = 0) -> Any:
-    """``value`` as this probe writes what it was given (a group's generation settings) into its
-    documents: JSON every reader holds. Mappings (keys as strings) and lists are copied so;
-    strings, booleans, None, integers of at most MAX_DIGITS digits and finite floats are kept;
-    anything else (NaN, infinities, an integer past that, a value JSON has no type for, nesting
-    past MAX_DEPTH) becomes its repr."""
+    """``value`` (such as a group's generation settings) as JSON every reader holds.
+
+    Mappings (keys as strings) and lists are copied so.
+    Strings, booleans, None, integers of at most MAX_DIGITS digits and finite floats are kept.
+    Anything else becomes its repr: NaN, infinities, longer integers, non-JSON types, nesting past MAX_DEPTH.
+    """
     if isinstance(value, (str, bool)) or value is None:
         return value
     if type(value) is int and abs(value) < 10**MAX_DIGITS:
@@ -314,8 +310,10 @@ def json_safe(value: Any, depth: int = 0) -> Any:
 
 
 def is_count(value: Any) -> bool:
-    """Whether ``value`` (parsed JSON) is a count: an integer, not a boolean, not negative, of at
-    most MAX_DIGITS digits, as a knob's (sums of counts then stay integers JSON readers hold)."""
+    """Whether ``value`` (parsed JSON) is a count: a non-negative integer, not a boolean.
+
+    Like a knob, it has at most MAX_DIGITS digits, so sums of counts stay integers JSON readers hold.
+    """
     return type(value) is int and 0 <= value < 10**MAX_DIGITS
 
 
@@ -341,9 +339,11 @@ def _final_problem(final: Mapping[str, Any]) -> str | None:
 
 
 def _optional_fields_problem(record: Mapping[str, Any]) -> str | None:
-    """Fields that older records lack, refused only when present and wrong: ``cause`` (a word
-    of the glossary, or null) and ``flagged`` (how many of the pathological observations the
-    loop detector flagged before they ended: a count within ``pathological``)."""
+    """Fields that older records lack, refused only when present and wrong.
+
+    ``cause`` is a word of the glossary, or null.
+    ``flagged`` counts the pathological observations the loop detector flagged, within ``pathological``.
+    """
     cause = record.get("cause")
     if cause is not None and not isinstance(cause, str):
         return "a trip record whose 'cause' is neither null nor a string"

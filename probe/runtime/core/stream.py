@@ -1,17 +1,10 @@
 """Streamed responses, reassembled (pure): server-sent events in, the unstreamed response dict out.
 
-A generate request sent with ``"stream": true`` and ``stream_options.include_usage`` comes
-back as server-sent events, one JSON chunk each (vLLM's and OpenAI's shape), then
-``data: [DONE]``. :class:`Reassembly` takes the chunks in order, says what new text each
-choice received (for the degeneration detector), and at the end gives the response the
-unstreamed request would have produced: the text (completions) or the message (chat) with
-the reasoning fields under the names the server used, ``finish_reason`` and every other
-per-choice field the stream carried, ``usage``, and the choices in index order.
-
-Whatever it cannot reassemble with certainty raises :class:`Unassemblable`, and the caller
-then sends one ordinary request: an error event, a field it does not know with a value
-(logprobs, tool calls, ...), a choice that never ended, a missing usage chunk, an index
-out of range, anything that is not JSON.
+:class:`Reassembly` takes a stream's chunks in order and says what new text each choice received.
+At the end it gives the response the unstreamed request would have produced, field for field.
+Whatever it cannot reassemble with certainty raises :class:`Unassemblable`.
+The caller then sends one ordinary request instead.
+See docs/api.md.
 """
 
 from __future__ import annotations
@@ -49,10 +42,9 @@ class UncertainAnswer(Unassemblable):
 class EventLines:
     """Server-sent events from the lines of a response body: the ``data`` of each event.
 
-    Lines may come with or without their line ends (:meth:`feed`), or the body in pieces cut
-    anywhere (:meth:`feed_chunk`: no limit on a line's length, as an unstreamed body has none);
-    a comment (``:``) is skipped; an ``event:`` other than ``message``, or a line that is not
-    SSE at all, is refused.
+    Lines may come with or without their line ends (:meth:`feed`).
+    Or the body comes in pieces cut anywhere (:meth:`feed_chunk`), with no limit on a line's length.
+    A comment (``:``) is skipped. An ``event:`` other than ``message``, or a line that is not SSE, is refused.
     """
 
     def __init__(self) -> None:
@@ -121,10 +113,12 @@ class _Chain:
 
 
 def _step(last: str, piece: str, ending: bool) -> str:
-    """How ``piece`` follows ``last``, read as the text so far: "grew" (the same text and more),
-    "same", "kept" (its end revised: a character decoded, a stop string cut at the end, spaces
-    cleaned up, most of it kept), "shrank" (a part of it, not at the end), or "new" (neither:
-    new text, never the text so far)."""
+    """How ``piece`` follows ``last``, read as the text so far.
+
+    "grew": the same text and more. "same": the same text.
+    "kept": its end revised (a character decoded, a stop string cut, spaces cleaned up), most of it kept.
+    "shrank": a part of it, not at the end. "new": neither, so new text, never the text so far.
+    """
     decoded = last.rstrip("\ufffd")  # a character still being decoded may show as U+FFFD
     if piece.startswith(decoded):
         if piece == last:
@@ -151,19 +145,12 @@ class _Choice:
 
     def add_text(self, name: str, piece: Any, ending: bool = False, alone: bool = True, mirror: bool = False) -> str:
         """Take the next piece of field ``name``; returns the text it tells the detector of.
+
         ``ending``: in the chunk that ends the choice; ``alone``: the only text of its chunk;
         ``mirror``: the same text as another field of its chunk (told once, under that one).
-
-        A server that streams the text so far instead of what is new sends pieces that each
-        extend the one before, or repeat it (a token with no text yet), now and then revise its
-        end (a character decoded, spaces cleaned up, a stop string cut), and shrink once at most.
-        New text does that only while it doubles, or while one token repeats. So a field's pieces
-        are withheld while they may be the text so far (``_step``), and handed on, all of them as
-        new text, once one is new, once a second shrinks, once CUMULATIVE_CHAIN in a row are one
-        text, each alone in its chunk (a token repeated: the text so far would have stayed the
-        same for that many tokens), or, a single piece, as another field goes on without it
-        (``settle``) or the choice ends (``finish``). CUMULATIVE_CHAIN that grew since the last
-        shrink are refused (the text so far); a choice that ends on a longer chain is uncertain.
+        Pieces that may be the text so far, not new text, are withheld (``_step``).
+        They are handed on once the stream proves them new; ``CUMULATIVE_CHAIN`` grown pieces are refused.
+        See docs/api.md.
         """
         if piece is None:
             self.texts.setdefault(name, [])
@@ -219,8 +206,10 @@ class _Choice:
         return "".join(self._handed_on(name) for name in sorted(over, key=_TOLD_ORDER.index))
 
     def settle(self) -> str:
-        """At the end of a chunk: the single pieces of fields this chunk did not add to, handed
-        on when a field it added to went on (has more than its first piece)."""
+        """At the end of a chunk: the single pieces of fields this chunk did not add to.
+
+        They are handed on when a field it added to went on, that is, has more than its first piece.
+        """
         touched, self.touched = self.touched, set()
         went_on = any(name in self.new_text or self.chains[name].pieces > 1 for name in touched)
         return self._singles_over(touched) if went_on else ""
@@ -416,9 +405,11 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 
 
 def streamable(payload: Any) -> int | None:
-    """How many choices a streamed ``payload`` must come back with, or None when it must not
-    be streamed: it asks for log-probabilities, an echo, several choices per prompt, or a
-    stream already, or is not a generate payload."""
+    """How many choices a streamed ``payload`` must come back with, or None when it must not stream.
+
+    It must not when it asks for log-probabilities, an echo, several choices per prompt or a stream.
+    Nor when it is not a generate payload.
+    """
     if not isinstance(payload, dict) or "stream" in payload or "stream_options" in payload:
         return None
     if any(payload.get(name) for name in ("logprobs", "top_logprobs", "echo")):

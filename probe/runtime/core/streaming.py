@@ -9,8 +9,9 @@ from probe.runtime.core.contract import Settings
 
 
 def wanted(settings: Settings, requests: Iterable[Any]) -> bool:
-    """Whether partial outputs of ``requests`` are worth asking for (from vLLM's engine, or as a
-    stream from a server): only the loop detector reads them, and only for requests that are
-    evidence (``max_tokens`` at least MIN_MAX_TOKENS); HYPERLOOM_EVAL_PROBE_STREAM=off asks for
-    none (the cap rule alone, as before)."""
+    """Whether partial outputs of ``requests`` are worth asking for, from vLLM's engine or a server's stream.
+
+    Only the loop detector reads them, and only for requests that are evidence.
+    HYPERLOOM_EVAL_PROBE_STREAM=off asks for none, so the cap rule judges alone.
+    """
     return settings.detector and settings.stream != "off" and any(request.is_evidence for request in requests)

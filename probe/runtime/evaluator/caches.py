@@ -2,7 +2,7 @@
 
 ``CacheHook.add_partial`` is fed inside the request paths; ``CachingLM`` writes every result
 ``generate_until`` returns into SQLite. An answer stored in either is replayed as model
-output by a later ``--use_cache`` run, so both refuse :class:`ShortCircuitAnswer`.
+output by a later ``--use_cache`` run, so both refuse :class:`BlankAnswer`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from probe.runtime.core.answers import ShortCircuitAnswer
+from probe.runtime.core.answers import BlankAnswer
 from probe.runtime.hooking.patching import mark, wrap
 
 
 def _guarded_add_partial(original: Callable) -> Callable:
     def add_partial(self: Any, attr: str, req: Any, res: Any) -> Any:
-        if isinstance(res, ShortCircuitAnswer):
+        if isinstance(res, BlankAnswer):
             return None  # a blank answer must never be replayed as model output
         return original(self, attr, req, res)
 
@@ -30,7 +30,7 @@ class CacheGuard:
         self._inner = inner
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if not isinstance(value, ShortCircuitAnswer):
+        if not isinstance(value, BlankAnswer):
             self._inner[key] = value
 
     def __getitem__(self, key: Any) -> Any:

@@ -1,23 +1,10 @@
-"""Glue for lm-eval's evaluator: each ``simple_evaluate`` call is an evaluation with a scope
-of its own (``state.begin_evaluation``), so that a sweep's second evaluation never inherits
-the first one's groups, trips, run identity, sidecar or gates.
+"""Glue for lm-eval's evaluator: each ``simple_evaluate`` call is an evaluation with a scope of its own.
 
-Where an evaluation starts, in every release the suite covers: ``simple_evaluate`` in
-``lm_eval/evaluator.py``. Its callers look it up there when they call it: 0.4.9.2's
-``__main__`` calls ``evaluator.simple_evaluate``; 0.4.12, 0.4.13 and b315ef3 (``_cli/run.py``)
-run ``from lm_eval import simple_evaluate`` inside the command, which lm-eval's module
-``__getattr__`` answers by importing it from ``lm_eval.evaluator`` at that moment; so does a
-script's ``lm_eval.simple_evaluate(...)``. A script may also call ``evaluate`` itself (with an
-``lm`` it built): that call is an evaluation too, and the one ``simple_evaluate`` makes
-belongs to its caller's. Replacing the modules' attributes right after it is imported
-reaches them all. The scope in use is kept per thread and task (``state.active``), so that
-evaluations run by two threads at once never share one, and what runs after an
-evaluation, outside any, never falls into the ended one's scope. Only a
-``from lm_eval.evaluator import simple_evaluate`` made before the probe installed keeps the
-original (that evaluation then shares the default scope).
-
-The evaluation's evidence goes into the results it returns, under the probe's key, so the
-results file saved from them carries that evaluation's evidence and no other's.
+So a sweep's second evaluation never inherits the first one's groups, trips, run identity, sidecar or gates.
+A direct call to ``evaluate`` is an evaluation too; the one ``simple_evaluate`` makes belongs to its caller's.
+The scope in use is kept per thread and task (``state.active``).
+The results an evaluation returns carry its own evidence, under the probe's key, and no other's.
+See docs/how-it-works.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from probe.runtime.core.answers import ShortCircuitAnswer
+from probe.runtime.core.answers import BlankAnswer
 from probe.runtime.core.contract import EVIDENCE_KEY
 
 WHY = "the probe tripped and answered these with an empty string; they are not the model's answers"
@@ -31,7 +31,7 @@ def mark_blanks(results: Any) -> int:
     for logged in samples.values() if isinstance(samples, dict) else ():
         for sample in logged if isinstance(logged, list) else ():
             answers = list(_answers(sample.get("resps"))) if isinstance(sample, dict) else []
-            blank = sum(isinstance(answer, ShortCircuitAnswer) for answer in answers)
+            blank = sum(isinstance(answer, BlankAnswer) for answer in answers)
             if blank:
                 sample[EVIDENCE_KEY] = {"blank_answers": blank, "answers": len(answers), "why": WHY}
                 marked += 1

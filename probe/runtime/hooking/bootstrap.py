@@ -1,18 +1,10 @@
 """Start-up stub: runs in every Python process that has the probe's sitecustomize.py.
 
-Every such process compiles it from source (InferenceX sets PYTHONDONTWRITEBYTECODE=1),
-and compiling costs about 0.3 ms per kilobyte of code here, so it stays this small. It
-only registers a finder that waits for the modules the integrations hook (the list is
-``integrations.INTEGRATIONS``, handed over by ``inject`` as ``targets``: lm-eval's evaluator,
-its API module, its in-process vLLM module, its Hugging Face module, and vLLM's ``LLM`` module
-(for data-parallel replicas, which import no lm-eval); 0.4.13 imports model
-modules lazily, so any may come alone);
-the runtime's modules (handed over packed: their sources as JSON, compressed, in base85, so
-that the file to compile stays small) are unpacked and compiled when the first of them is
-imported, as the private package ``_hyperloom_eval_probe``, and install themselves right
-after that module has run. The finder waits for good: a look-up (``importlib.util.find_spec``),
-an import that fails and is retried, or a reload, each get a spec that installs once the
-module runs.
+It stays tiny, since every such process compiles it from source.
+It only registers a finder that waits for the modules the integrations hook.
+The runtime travels packed and is compiled when the first of them is imported.
+It then installs right after that module has run, however the module was looked up.
+See docs/how-it-works.md.
 """
 
 import _thread
@@ -91,14 +83,11 @@ class WaitForLmEval:
 
 
 def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) -> None:
-    """Arrange for the runtime to install on ``targets`` (module names); acts at most once per
-    process.
+    """Arrange for the runtime to install on ``targets`` (module names); acts at most once per process.
 
-    ``chain_source`` (``probe/runtime/hooking/chain.py``) is given only by a sitecustomize.py the
-    probe created itself, which must also run the one it shadows, even when it stands down
-    (a file that holds the user's code and this block, chained by another probe-made one,
-    still runs the user's file it shadows). The once-flag is set before chaining, so a
-    probe block in the chained file stands down: this one installs.
+    ``chain_source`` comes only from a probe-made sitecustomize.py, which also runs the file it shadows.
+    The once-flag is set before chaining, so a probe block in the chained file stands down.
+    See docs/how-it-works.md.
     """
     booted = getattr(sys, "_lm_eval_probe_booted", False)
     sys._lm_eval_probe_booted = True

@@ -1,6 +1,9 @@
-"""The shape of one integration: what a hook module declares, as ddtrace's and OpenTelemetry's
-instrumentations do, so that the installer and the start-up stub work from one list
-(``integrations.INTEGRATIONS``) and a new backend cannot skip a step."""
+"""The shape of one integration: what a hook module declares.
+
+ddtrace's and OpenTelemetry's instrumentations work the same way.
+The installer and the start-up stub work from one list (``integrations.INTEGRATIONS``).
+So a new backend cannot skip a step.
+"""
 
 from __future__ import annotations
 

@@ -43,9 +43,11 @@ def is_ours(raw: Any) -> bool:
 
 
 def is_ours_within(raw: Any) -> bool:
-    """Whether ``raw`` or anything it wraps (its ``__wrapped__`` chain) is one of our wrappers: a
-    pipeline that wrapped ours after the probe installed leaves ours working inside it, and
-    wrapping again would run the probe twice a call."""
+    """Whether ``raw`` or anything in its ``__wrapped__`` chain is one of our wrappers.
+
+    A pipeline may wrap ours after the probe installed; ours then still works inside it.
+    Wrapping again would run the probe twice a call.
+    """
     for _ in range(64):  # a chain that long, or a cycle, is no one's
         if raw is None:
             return False

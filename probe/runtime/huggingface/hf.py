@@ -1,25 +1,11 @@
 """Glue for lm-eval's Hugging Face backend (``--model hf``, ``HFLM``): invasive patches.
 
-``HFLM.generate_until`` groups requests by ``gen_kwargs``, cuts each group into batches, and
-for each batch calls ``tok_batch_encode`` on its prompts, then ``_model_generate``, which
-builds lm-eval's stop-sequence criteria (``stop_sequences_criteria``) and runs
-``model.generate``; then every row of the result is decoded and cut at its stop sequences by
-``postprocess_generated_text``, once per row, in order. The probe works at those points:
-
-- ``generate_until`` runs lm-eval's own batches (same members, same padding) in a seeded
-  order of whole batches (``order``, ``whole_batches``) instead of longest first, so the
-  batches observed first are a uniform sample of the group's batches; the answers go back in
-  lm-eval's order through its ``Collator``;
-- ``tok_batch_encode`` tells which prompts (so which tasks and group) the next batch holds;
-- a stopping criterion of the probe's own (:class:`Watch`), put after lm-eval's, looks at
-  every decoding step: a row ends when it emits EOS or lm-eval's criteria see its stop
-  sequence (a stop), or when it reaches its budget (``length``), and is observed at once; a
-  row that ``generate`` ended otherwise (``max_time``) is observed when it returns;
-- when its group trips, the criterion ends the batch at that step; every row that had not
-  ended is answered blank, and the group's later batches are never generated.
-
-Loglikelihood is never touched. A subclass that replaces one of these methods, an
-encoder-decoder model, or anything else the probe cannot follow runs unprobed, said once.
+The probe hooks ``generate_until``, ``tok_batch_encode`` and lm-eval's stopping criteria.
+It runs lm-eval's own batches, a seeded sample of whole batches first, and answers in lm-eval's order.
+Its criterion (:class:`Watch`) observes each row the step it ends.
+On a trip it ends the batch at once; unfinished rows and later batches get blank answers.
+Loglikelihood is never touched. What the probe cannot follow runs unprobed, said once.
+See docs/hf.md.
 """
 
 from __future__ import annotations
@@ -59,8 +45,10 @@ class Plan:
 
 @dataclass
 class Watch:
-    """The probe's stopping criterion for one batch: observes each row as it ends, and ends
-    the batch at once when the group trips (the rows still running are answered blank)."""
+    """The probe's stopping criterion for one batch: it observes each row as it ends.
+
+    When the group trips, it ends the batch at once, and the rows still running are answered blank.
+    """
 
     probe: state.Probe
     requests: list[Request]  # one per row
@@ -283,9 +271,11 @@ def _watch(
 
 
 def _budget(lm: Any, kwargs: dict, max_length: int, start: int) -> int:
-    """The new tokens ``generate`` allows each row: ``max_new_tokens`` takes precedence over
-    ``max_length`` there, the keyword's first, then the model's generation config's (a model
-    may ship one, and it then overrides lm-eval's ``max_gen_toks``)."""
+    """The new tokens ``generate`` allows each row.
+
+    ``max_new_tokens`` takes precedence over ``max_length``; the keyword's first, then the generation config's.
+    A model may ship a generation config, which then overrides lm-eval's ``max_gen_toks``.
+    """
     config = getattr(getattr(lm, "model", None), "generation_config", None)
     for value in (kwargs.get("max_new_tokens"), getattr(config, "max_new_tokens", None)):
         if isinstance(value, int) and value > 0:

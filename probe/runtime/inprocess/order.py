@@ -1,18 +1,10 @@
-"""lm-eval's request order with a seeded sample first: invasive patches of the ``Collator``
-that lm-eval's API models, vLLM and Hugging Face backends sort with.
+"""lm-eval's request order with a seeded sample first: invasive patches of lm-eval's ``Collator``.
 
-Every backend sends a group's requests in the order ``Collator`` gives them, longest prompt
-first. While :func:`sampled_order` is in effect (on this thread or task), a ``Collator`` made
-by the patched module puts a seeded uniform sample of each group first (the ``reserve`` of
-requests with the smallest seeded hash of their prompt, ``sampling.rank``), then every other
-request in lm-eval's own order. The rule judges the sample (``rule``); the rest keep lm-eval's
-longest-first order, which is also the best for a batch's makespan. ``Collator`` still puts
-the answers back in lm-eval's order, so no answer moves, and none changes.
-
-With ``whole_batches`` (the Hugging Face backend, where which prompts share a batch decides
-their padding, and in bfloat16 their answers) lm-eval makes its batches as it always does;
-a seeded sample of whole batches runs first (:func:`batch_order`), then the rest in lm-eval's
-order, their answers put back before ``get_original``.
+While :func:`sampled_order` is in effect, each group's seeded uniform sample is sent first.
+Every other request follows in lm-eval's own order, longest prompt first.
+With ``whole_batches`` (Hugging Face), a sample of lm-eval's own batches runs first instead.
+Answers go back in lm-eval's order, so no answer moves, and none changes.
+See docs/rule.md and docs/hf.md.
 """
 
 from __future__ import annotations
@@ -44,10 +36,12 @@ _SEED: contextvars.ContextVar[_Order | None] = contextvars.ContextVar("lm_eval_p
 def sampled_order(
     seed: int | None, module: Any = None, *, reserve: int = 64, whole_batches: bool = False
 ) -> Iterator[None]:
-    """Collators made in the block send a seeded sample of ``reserve`` requests of each group
-    first (``seed`` None: lm-eval's order), or with ``whole_batches`` a seeded sample of whole
-    batches. With a seed, ``module.Collator`` is patched first if it is not ours: a pipeline may
-    have replaced it after the probe installed, and its requests would go in lm-eval's order again."""
+    """Collators made in the block send a seeded sample of ``reserve`` requests of each group first.
+
+    With ``whole_batches``, a seeded sample of whole batches goes first. ``seed`` None keeps lm-eval's order.
+    With a seed, ``module.Collator`` is patched first if it is not ours.
+    A pipeline may have replaced it after the probe installed, which would restore lm-eval's order.
+    """
     if seed is not None and module is not None:
         install_order(module)
     token = _SEED.set(None if seed is None else _Order(seed, reserve, whole_batches))
@@ -117,9 +111,11 @@ def _sample_first(order: _Order, arr: Sequence[Any], original: Callable[[Any], A
 
 
 def batch_order(seed: int, batches: Sequence[Sequence[Any]], reserve: int = 64) -> list[int]:
-    """The order to run ``batches`` in (their indices): a seeded sample of whole batches first
-    (drawn by a seeded key of each batch's first request, independent of its size, until each
-    group has ``reserve`` requests in it), then the others in lm-eval's order."""
+    """The order to run ``batches`` in (their indices): a seeded sample of whole batches first.
+
+    Batches are drawn by a seeded key of their first request, whatever their size.
+    The draw ends once each group has ``reserve`` requests in it; the rest follow in lm-eval's order.
+    """
     keys = sample_ranks(seed, [batch[0] if batch else None for batch in batches])
     drawn: list[int] = []
     held: dict[str, int] = {}

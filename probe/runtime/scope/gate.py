@@ -1,22 +1,11 @@
-"""The outer gate: at most ``num_concurrent`` generate calls past the point of no return, and
-at first only as many as the trip rule needs (the slow start).
+"""The outer gate: at most ``num_concurrent`` generate calls past the point of no return.
 
-lm-eval builds every request's payload before it awaits its own semaphore, so all of them
-carry their ``max_tokens`` from the start; holding the calls here instead keeps the rest
-cancellable. Calls go through in the order they arrive, which is the order lm-eval's
-``Collator`` gave them (the sample first, see ``order``): the gate only delays calls, so no
-answer changes. One gate per event loop, because lm-eval calls ``asyncio.run`` (a new loop)
-for every batch of requests, and an asyncio primitive belongs to one loop.
-
-The slow start sends ``MIN_SAMPLES`` requests before any evidence, and ``per_stop`` more for
-each generation that did not run to the cap, so a model that never stops reaches the server
-with exactly ``MIN_SAMPLES`` requests. Once the group's verdict is final without a trip, the
-gate opens. Liveness (tested with hypothesis in tests/test_gate_liveness.py): the gate never
-holds a parked call while none is in flight (``SlowStart.run_dry``). docs/gate.md has the
-argument and the measurements behind ``per_stop``.
-
-:class:`SlowStart` is the policy, pure arithmetic; :class:`Gate` applies it to asyncio
-tasks; :class:`Gates` keeps one gate per event loop.
+At first it lets through only as many as the trip rule needs (the slow start).
+Calls go through in the order they arrive, sample first; the gate only delays them, so no answer changes.
+A model that never stops reaches the server with exactly ``MIN_SAMPLES`` requests.
+Liveness: the gate never holds a parked call while none is in flight.
+:class:`SlowStart` is the policy, :class:`Gate` applies it, :class:`Gates` keeps one gate per event loop.
+See docs/gate.md.
 """
 
 from __future__ import annotations
@@ -51,19 +40,14 @@ def slow_start_applies(mode: str, num_concurrent: int) -> bool:
 class SlowStart:
     """How many requests of one batch may be sent, and how many at once (pure).
 
-    Promises:
-    - at most ``full`` calls at once, and at most ``budget`` requests sent (counting only
-      calls that were answered or are still running: a failed call is retried, and the
-      retry is the one that counts);
-    - ``budget`` starts at ``MIN_SAMPLES`` when slow (infinite otherwise) and grows by
-      ``per_stop`` for every generation that did not run to the cap, and for every answer
-      that carries no generation the rule could judge; it never shrinks;
-    - after a trip it never grows again; after a trip that could not be applied (the probe
-      then runs unprobed), or once :meth:`run_dry` was called, it is infinite.
+    At most ``full`` calls run at once, and at most ``allowance`` requests are sent; a retry replaces its failed call.
+    The allowance starts at ``MIN_SAMPLES`` when slow, else infinite, and never shrinks.
+    It grows by ``per_stop`` for each generation not at the cap, and never after a trip.
+    See docs/gate.md.
     """
 
     full: int
-    budget: float
+    allowance: float
     per_stop: float
     sent: int = 0
     tripped: bool = False
@@ -72,7 +56,7 @@ class SlowStart:
     @classmethod
     def for_batch(cls, full: int, min_samples: int, length_ratio: float, slow: bool) -> SlowStart:
         """The policy of a batch of ``full`` concurrent calls; ``slow=False`` opens it at once."""
-        # Also when full <= MIN_SAMPLES: a healthy model never meets the budget there (each
+        # Also when full <= MIN_SAMPLES: a healthy model never meets the allowance there (each
         # stop frees a place and adds more than one send), while a never-stopping one would
         # otherwise refill the places its answers at the cap free before the rule can fire.
         if not slow:
@@ -86,11 +70,11 @@ class SlowStart:
         return in_flight < self.full and self.may_send_more()
 
     def may_send_more(self) -> bool:
-        """Whether the budget allows another request, whatever is in flight."""
-        return self.sent < self.budget
+        """Whether the allowance allows another request, whatever is in flight."""
+        return self.sent < self.allowance
 
     def send(self, generations: int = 1) -> None:
-        """A request of ``generations`` prompts was sent (the budget counts generations)."""
+        """A request of ``generations`` prompts was sent (the allowance counts generations)."""
         self.sent += generations
 
     def finished(
@@ -111,32 +95,31 @@ class SlowStart:
             self.sent -= generations
             return
         credits = sum(1 for label in labels if not is_pathological(label)) if labels else 1
-        if credits:  # never 0 * inf: that is NaN, and a NaN budget lets nothing through
-            self.budget += credits * self.per_stop
+        if credits:  # never 0 * inf: that is NaN, and a NaN allowance lets nothing through
+            self.allowance += credits * self.per_stop
 
     def learn(self, tripped: bool, unprobed: bool, settled: bool = False) -> None:
-        """Take where the batch's group stands: tripped (the budget never grows again), tripped
-        but not applied (the probe runs unprobed), or settled (its verdict is final without a
-        trip): in the last two the budget is infinite."""
+        """Take where the batch's group stands: tripped, tripped but not applied, or settled.
+
+        After a trip the allowance never grows again. Not applied or settled, it is infinite.
+        """
         self.tripped = self.tripped or tripped
         if (unprobed or settled) and not self.tripped:
-            self.budget = math.inf
+            self.allowance = math.inf
 
     def run_dry(self) -> None:
         """Open for good: calls are parked, none is in flight, and the rule has not decided."""
         self.ran_dry = True
-        self.budget = math.inf
+        self.allowance = math.inf
 
 
 class Gate:
     """Admission of one event loop's calls, in the order they arrive, as its policy allows.
 
-    Promises: a call goes through at once while the policy allows, else it is parked; parked
-    calls go through in the order they arrived, each counted as sent by the policy; a call
-    cancelled while it waits never counts; once the policy has tripped, every waiting call is
-    let through at once without counting (its group answers it blank, and it never reaches the
-    server); calls are never parked while none is in flight (the liveness invariant). Every
-    call let through must be released exactly once.
+    Parked calls go through in arrival order; a call cancelled while it waits never counts.
+    After a trip, waiting calls go through at once, uncounted, and are answered blank.
+    No call is parked while none is in flight. Each call let through is released exactly once.
+    See docs/gate.md.
     """
 
     def __init__(self, policy: SlowStart) -> None:
@@ -218,9 +201,8 @@ class Gates:
     def for_running_loop(self, lm: Any, can_be_evidence: bool = True) -> Gate | None:
         """The gate of the running loop, or None when the model has no usable concurrency.
 
-        A loop's gate is made by its first call: it starts slow when the knob says so for this
-        concurrency and that call's answer can be evidence (a batch shares its ``max_tokens``,
-        so a batch whose answers cannot trip anything is never held back).
+        The loop's first call makes it. It starts slow only where the knob says so and that call can be evidence.
+        See docs/gate.md.
         """
         size = getattr(lm, "_concurrent", None)
         if not isinstance(size, int) or size < 1:

@@ -134,12 +134,13 @@ class Request:
 
 
 def group_key(gen_kwargs: Any) -> tuple[str, dict[str, Any]]:
-    """A stable key for a group's generation settings, and the settings as the probe writes them
-    (``json_safe``: lm-eval passes a setting it never sends, such as do_sample=nan, as given).
-    Settings that lm-eval's ``Collator`` puts in one batch have one key: it groups them by
-    ``(name, tuple(value))`` pairs, compared with ``==`` (so "." and ["."], 0 and 0.0, True and 1
-    are one group, and a dict counts by its names), and by the names alone where that cannot be
-    hashed."""
+    """A stable key for a group's generation settings, and the settings as the probe writes them.
+
+    Settings are written through ``json_safe``: lm-eval passes on settings it never sends, such as do_sample=nan.
+    Settings that lm-eval's ``Collator`` puts in one batch have one key.
+    It groups by ``(name, tuple(value))`` pairs compared with ``==``, else by the names alone.
+    So "." and ["."], 0 and 0.0, True and 1 are one group, and a dict counts by its names.
+    """
     settings = dict(gen_kwargs) if isinstance(gen_kwargs, Mapping) else {}
     return json.dumps(_canonical(_as_lm_eval_groups(settings)), default=repr), json_safe(settings)
 

@@ -1,10 +1,9 @@
 """Owning the sidecar: the rule that decides whether a trip may cut the run short.
 
-A run is cut short only when a valid sidecar of *this run* exists: this process wrote it,
-or it reads back another process's valid trip record carrying this run's identity. A valid
-sidecar of another run is moved aside (never overwritten, never deleted) and this run's is
-written. Anything else at the path (a symlink, a directory, a FIFO, a corrupt file) is a
-failed write: the caller cuts nothing short and says so.
+A run is cut short only when a valid sidecar of this run exists.
+Another run's valid sidecar is moved aside, never overwritten nor deleted.
+Anything else at the path is a failed write: nothing is cut short, and the caller says so.
+See docs/sidecar.md.
 """
 
 from __future__ import annotations

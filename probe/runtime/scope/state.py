@@ -1,12 +1,10 @@
 """The probe's state, one scope per evaluation, and the one decision it takes: trip a group or not.
 
-Each lm-eval evaluation (one ``simple_evaluate`` call, see ``evaluations``) gets a
-:class:`Probe` of its own: its groups, evidence per task, run identity, sidecar ownership
-and gates, under its own lock, so that a trip in one evaluation of a sweep never touches
-the next. Requests made outside any evaluation (lm-eval's models driven directly) fall in
-the process's default scope. ``Probe`` only coordinates: evidence lives in ``groups`` and
-``tasks``, the sidecar in ``ownership``, error reports in ``log``, the gates in ``gate``;
-the backends (``api``, ``vllm_offline``) turn calls into requests and requests into answers.
+Each evaluation gets a :class:`Probe` of its own, under its own lock.
+So a trip in one evaluation of a sweep never touches the next.
+Requests made outside any evaluation fall in the process's default scope.
+``Probe`` only coordinates; evidence, sidecar, gates and logging live in sibling modules.
+See docs/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -132,9 +130,11 @@ class Probe:
         return request
 
     def budget_sent(self, request: Request, max_tokens: Any) -> None:
-        """The budget ``request`` is sent with, read off its payload as it was built: it replaces
-        the one the request was made with (a prediction), unless it was observed already or its
-        budget cannot be read (``Request.budget_source``)."""
+        """The budget ``request`` is sent with, read off its payload as it was built.
+
+        It replaces the predicted budget, unless one was observed already or it cannot be read.
+        See ``Request.budget_source``.
+        """
         largest, fewest, is_evidence = self._judged(max_tokens)
         with self.lock:
             if not request.observed and request.budget_source != UNREADABLE:
@@ -156,29 +156,32 @@ class Probe:
         )
 
     def _judged(self, max_tokens: Any) -> tuple[int | None, int | None, bool]:
-        """A budget (or a tuple of the budgets the server may use) as the rule takes it: the
-        largest, the fewest, and whether its observations count for the rule.
+        """A budget, or a tuple of those the server may use, as the rule takes it.
 
-        A budget is judged as it was asked for, however large (a server clamps 2**63 - 1 to its
-        window, and a `length` then is the window's); one that is no positive integer is unknown,
-        and nothing is then taken to be at the cap. Of two, a stop is at the cap only at the
-        larger, a `length` is the cap's from the smaller, and the rule judges only where both count."""
+        Returns the largest, the fewest, and whether its observations count for the rule.
+        A budget is judged as asked, however large; one that is no positive integer is unknown.
+        See docs/api.md.
+        """
         readings = max_tokens if isinstance(max_tokens, tuple) and max_tokens else (max_tokens,)
         known = all(type(b) is int and b > 0 for b in readings)
         largest, fewest = (max(readings), min(readings)) if known else (None, None)
         return largest, fewest, fewest is not None and fewest >= self.settings.min_max_tokens
 
     def failed(self, request: Request) -> None:
-        """``request`` ended in an error that lm-eval may retry (a new call with the same prompts):
-        the choices it flagged stay counted once, and its retry takes them over (``resume``)."""
+        """``request`` ended in an error that lm-eval may retry with a new call for the same prompts.
+
+        The choices it flagged stay counted once, and its retry takes them over (``resume``).
+        """
         if request.source is None or not request.flagged or request.observed:
             return
         with self.lock:
             request.group.retrying[id(request.source)] = request
 
     def resume(self, request: Request) -> None:
-        """``request`` retries a flagged attempt that failed: it takes over its flags and tasks,
-        so that the retry's loop is not counted a second time nor its tasks taken again."""
+        """``request`` retries a flagged attempt that failed, and takes over its flags and tasks.
+
+        So the retry's loop is not counted twice, nor are its tasks taken again.
+        """
         with self.lock:
             earlier = request.group.retrying.pop(id(request.source), None)
             if earlier is None or earlier.source is not request.source or earlier.prompts != request.prompts:
@@ -210,10 +213,10 @@ class Probe:
         return blanks(request.n_answers)
 
     def worth_streaming(self, request: Request) -> bool:
-        """Whether ``request``'s partial output should be read as it comes (streamed from a
-        server, or reported by vLLM's engine): under HYPERLOOM_EVAL_PROBE_STREAM=on always; under
-        ``auto`` only where its sample's verdict may come sooner by it (``Sample.worth_watching``),
-        since a stream costs the server and the probe an event per token."""
+        """Whether ``request``'s partial output should be read as it comes (streamed, or from vLLM's engine).
+
+        Always under HYPERLOOM_EVAL_PROBE_STREAM=on; under ``auto``, only where it may bring the verdict sooner.
+        """
         if self.settings.stream == "on":
             return True
         with self.lock:
@@ -225,18 +228,15 @@ class Probe:
             return group.settled
 
     def partial(self, request: Request, index: int, text: str, answering: bool = False) -> None:
-        """More output of choice ``index`` of ``request`` has arrived (``text``: only the new
-        part, in order). Feeds that choice's degeneration detector; the first time it flags,
-        files it as flagged (cause ``repetition``), and once the flag is certain counts it as a
-        pathological outcome for the rule, which may trip
-        the group (cancelling its in-flight requests as a trip does today). Never raises; a no-op
-        once the choice is flagged or observed, for a choice the request does not have, for
-        non-evidence requests, and when the detector is off.
+        """More output of choice ``index`` of ``request`` has arrived (``text``: only the new part, in order).
 
-        A trip never cancels the asyncio task that calls this (as with ``observe``): a caller
-        whose own request should end at a trip reads ``request.group.tripped`` afterwards.
-        ``answering``: the stream says the choice has gone on from its reasoning to its answer,
-        which is judged apart from the reasoning (as is text after an inline ``</think>``)."""
+        It feeds the choice's loop detector and files the first flag (cause ``repetition``).
+        A certain flag counts as pathological for the rule, which may trip the group.
+        Never raises. A no-op for a flagged, observed or unknown choice, for non-evidence requests,
+        and when the detector is off.
+        A trip never cancels the caller's task: a caller reads ``request.group.tripped`` afterwards.
+        ``answering``: the choice has gone on from its reasoning to its answer, judged apart.
+        """
         try:
             self._partial(request, index, text, answering)
         except Exception as error:
@@ -284,9 +284,7 @@ class Probe:
                 self._judge(group, request)
 
     def _new_detector(self) -> LoopDetector:
-        """A loop detector for one generation; its flag is certain after CERTAIN_UNITS units of
-        repetition, whatever the budget (a shorter stretch made healthy grids certain, hostile
-        round 48)."""
+        """A loop detector for one generation; its flag is certain after CERTAIN_UNITS units, whatever the budget."""
         settings = self.settings
         return LoopDetector(
             settings.detector_ngram, settings.detector_window, settings.detector_drift, settings.detector_threshold,
@@ -527,10 +525,13 @@ def enter(probe: Probe | None) -> contextvars.Token:
 
 
 def leave(token: contextvars.Token, probe: Probe | None, settings: Settings | None) -> EndedEvaluation | None:
-    """The evaluation entered with ``token`` ended: what runs after it, outside any evaluation,
-    gets a fresh default scope under ``settings`` (None: the probe is off), never the ended
-    evaluation's groups and trips. Returns what is kept of the ended evaluation (None when it
-    was unprobed, or could not be summed up: then its whole scope is kept for the exit)."""
+    """The evaluation entered with ``token`` ended.
+
+    What runs after it, outside any evaluation, gets a fresh default scope under ``settings``.
+    ``settings`` None means the probe is off. The ended evaluation's groups and trips are never reused.
+    Returns what is kept of the ended evaluation.
+    None when it was unprobed or could not be summed up; its whole scope is then kept for the exit.
+    """
     global ACTIVE
     _EVALUATION.reset(token)
     if probe is not None and ACTIVE is probe:

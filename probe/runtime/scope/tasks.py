@@ -1,11 +1,8 @@
 """Which task each prompt belongs to, and every task's evidence.
 
-lm-eval hands a model all generate requests of a run at once (every task's), grouped only
-by generation settings, and the request paths see prompts, not tasks. So the prompts are
-registered with their task when ``generate_until`` is called, and looked up by their text
-(and group) when a response comes back. Two tasks may send the same prompt with the same
-settings (gsm8k and gsm8k_platinum share questions): each registration is one request, so
-the book hands the tasks out one per request, in turn, never all to the first task.
+Prompts are registered with their task by ``generate_until``, and looked up by text and group.
+A prompt that several tasks share goes to each task in turn, one per request.
+See docs/evidence.md.
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ class _Held:
 class EngineSlowStart:
     """The held ``add_request`` calls of one ``LLM.generate`` call, by place (prompt index).
 
-    Promises: a request is sent once its group's budget allows, in the order offered within
-    its group; :meth:`admit` leaves nothing held while the engine has nothing unfinished, nor
-    a group's requests held while none of that group's is in the engine; a held request whose
-    group tripped is never sent, and is named in ``never_sent``.
+    A request is sent once its group's allowance allows, in the order offered within its group.
+    :meth:`admit` holds nothing while the engine has nothing unfinished.
+    Nor does it hold a group's requests while none of that group's is in the engine.
+    A held request whose group tripped is never sent, and is named in ``never_sent``.
     """
 
     width: int  # the engine's max_num_seqs: the concurrency each group's policy is made for
@@ -57,8 +57,10 @@ class EngineSlowStart:
 
     @classmethod
     def for_engine(cls, settings: Settings, max_num_seqs: Any, can_be_evidence: bool) -> EngineSlowStart | None:
-        """The slow start of a call to an engine running ``max_num_seqs`` at once, or None
-        when the knob leaves it off there (under ``auto`` an unknown width counts as wide)."""
+        """The slow start of a call to an engine running ``max_num_seqs`` at once.
+
+        None when the knob leaves it off there; under ``auto`` an unknown width counts as wide.
+        """
         known = isinstance(max_num_seqs, int) and not isinstance(max_num_seqs, bool) and max_num_seqs > 0
         mode = settings.slow_start
         if not can_be_evidence or not (slow_start_applies(mode, max_num_seqs) if known else mode == "on"):

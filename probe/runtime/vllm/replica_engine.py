@@ -1,17 +1,10 @@
-"""Inside one replica of lm-eval's data-parallel vLLM backend: its engine watched for the run
-that tagged its prompts (see ``replicas``). Invasive patches.
+"""Inside one replica of lm-eval's data-parallel vLLM backend: invasive patches.
 
-``LLM.generate`` is wrapped in every process that has the probe and imports vLLM; the wrapper
-acts only on a call whose every ``SamplingParams`` carries the probe's tag, which only the
-driver's ``replicas`` puts there, and passes every other call through untouched. On such a
-call it takes the tags off (vLLM gets the driver's settings as they were), then runs the
-call with ``vllm_offline``'s engine-loop hook, reporting instead of judging: each finished
-request (and each piece of partial output the hook hands over) is appended to this replica's
-file in the exchange directory, and after each engine
-step the directory's trip markers are looked for; a tripped group's unfinished requests are
-aborted in the engine and answered blank (reported too). No rule runs here and no sidecar is
-written: the driver judges every replica's requests together. The replica imports only the
-standard library and vLLM (never lm-eval: a Ray worker imports none of it).
+The wrapped ``LLM.generate`` acts only on a call whose every prompt carries the driver's tag.
+It takes the tags off, so vLLM gets the driver's settings as they were; other calls pass untouched.
+The replica reports what its engine does to the exchange directory, and judges nothing.
+It aborts a group once the driver's trip marker appears, and reports those blank answers too.
+It imports only the standard library and vLLM. See docs/vllm-offline.md.
 """
 
 from __future__ import annotations
@@ -111,9 +104,11 @@ class ReplicaCall(vllm_offline.EngineCall):
 
 
 def share(params: Any) -> tuple[str, list[int], list[int], list[Any], bool] | None:
-    """The exchange directory, places and groups a tagged call's prompts carry, their settings
-    with the tags taken off, and whether the driver asks for partial outputs (its loop
-    detector reads them); None for any call the driver did not tag."""
+    """What a tagged call's prompts carry; None for any call the driver did not tag.
+
+    That is the exchange directory, places and groups, and the settings with the tags taken off.
+    It also says whether the driver asks for partial outputs, for its loop detector.
+    """
     if not isinstance(params, list) or not params:
         return None
     tags = [(getattr(p, "extra_args", None) or {}).get(TAG) for p in params]

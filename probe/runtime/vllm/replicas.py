@@ -1,27 +1,11 @@
-"""lm-eval's data-parallel vLLM backend (``data_parallel_size > 1``), the driver's side: every
-replica probed, one rule and one sidecar for the run.
+"""lm-eval's data-parallel vLLM backend (``data_parallel_size > 1``), on the driver's side.
 
-lm-eval hands each replica a share of one ``_model_generate`` call's prompts with their
-``SamplingParams`` (a Ray task in 0.4.13; multiprocessing workers in 0.4.9.2 and InferenceX's
-b315ef3); each replica builds its own ``LLM`` and returns a whole result list. Here:
-
-- each prompt's ``SamplingParams`` becomes a copy tagged in ``extra_args`` with this call's
-  exchange directory, the prompt's place in the call and its group: that is how a replica
-  learns it belongs to a probed run, whatever started it (``replica_engine`` takes the tag
-  off again before vLLM sees the request);
-- in the replica, the engine loop is watched as in one process (``vllm_offline``): each
-  finished request (and each piece of partial output) is appended to the replica's own file
-  in that directory, and each engine step looks for this call's trip markers there;
-- a thread here reads those files as they grow and feeds this process's ``Probe``: the same
-  rule and evidence as with one engine, over every replica's requests, per task. When it
-  trips a group, the sidecar is written once, by this process, and a marker file tells every
-  replica to abort that group's unfinished requests, which it answers blank and reports.
-
-A replica's process loads the probe only when it gets this process's ``PYTHONPATH``: Ray
-workers of a cluster this process starts, and multiprocessing workers, inherit it; a Ray
-cluster already running (``ray start``) is joined with it in ``runtime_env``. A replica that
-writes nothing (a worker on another machine, which sees neither that variable's directory nor
-the exchange directory) runs unprobed: its answers are vLLM's own, and one line says so.
+Every replica is probed, and one rule and one sidecar judge the whole run. Each prompt's
+``SamplingParams`` is a copy tagged with the call's exchange directory, its place and its group.
+Replicas append what they observe to files there; a thread here feeds those files to this
+process's ``Probe``. A trip writes the sidecar here, once, and a marker file tells every replica
+to abort the group. A replica that never reports runs unprobed, and one line says so.
+See docs/vllm-offline.md.
 """
 
 from __future__ import annotations
@@ -36,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from probe.runtime.core.answers import ShortCircuitAnswer
+from probe.runtime.core.answers import BlankAnswer
 from probe.runtime.core.streaming import wanted
 from probe.runtime.scope import state
 from probe.runtime.scope.groups import Group, Request
@@ -172,11 +156,13 @@ def generate_across(
 
 
 def _count_unreported_blanks(exchange: Exchange, outputs: Any) -> None:
-    """Count as the probe's every blank a replica made up but whose report never arrived (it
-    could not write it): such an answer is never the model's, nor a prompt that ran unprobed."""
+    """Count as the probe's every blank a replica made up but could not report.
+
+    Such an answer is never the model's, nor a prompt that ran unprobed.
+    """
     for i, output in enumerate(outputs or ()):
         completions = getattr(output, "outputs", None) or ()
-        made_up = isinstance(getattr(completions[0], "text", None), ShortCircuitAnswer) if completions else False
+        made_up = isinstance(getattr(completions[0], "text", None), BlankAnswer) if completions else False
         if made_up and i < len(exchange.requests) and i not in exchange.blanked:
             exchange.reported.add(i)
             exchange.blanked.add(i)

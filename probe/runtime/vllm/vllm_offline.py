@@ -1,13 +1,10 @@
 """Glue for lm-eval's in-process vLLM backend (``--model vllm``): invasive patches.
 
-lm-eval calls ``LLM.generate`` once per chunk of prompts; the probe works inside vLLM's engine
-loop: ``add_request`` is held back by the slow start (``engine_slow_start``), ``step`` hands over
-each finished request (observed like an API response) and, for the sample's requests, partial
-output for the loop detector (``vllm_partial``), and a trip aborts the group's unfinished
-requests, lm-eval getting a blank answer for each. The sample goes first (``order``). When the
-engine cannot be hooked, one line says so and generation runs unprobed; loglikelihood is never
-touched. Data-parallel replicas are ``replicas`` and ``replica_engine``. docs/vllm-offline.md
-has the details.
+The probe works inside vLLM's engine loop, on each ``LLM.generate`` call, sample first.
+The slow start holds ``add_request``; ``step`` hands over finished requests and partial output.
+A trip aborts the group's unfinished requests, and lm-eval gets a blank answer for each.
+An engine that cannot be hooked runs unprobed, said once; loglikelihood is never touched.
+Data-parallel replicas are ``replicas`` and ``replica_engine``. See docs/vllm-offline.md.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from probe.runtime.core.answers import BLANK, ShortCircuitAnswer
+from probe.runtime.core.answers import BLANK, BlankAnswer
 from probe.runtime.core.streaming import wanted
 from probe.runtime.hooking.integration import Integration
 from probe.runtime.hooking.patching import is_ours_within, mark, replace, restore_where, wrap
@@ -45,7 +42,7 @@ class BlankOutput:
     lm-eval reads ``outputs[0].text``, a blank answer that both caches refuse."""
 
     request_id: str
-    text: ShortCircuitAnswer = BLANK
+    text: BlankAnswer = BLANK
 
     @property
     def outputs(self) -> list[BlankOutput]:
@@ -54,9 +51,11 @@ class BlankOutput:
 
 @dataclass
 class Prompts:
-    """One ``generate_until`` call's prompts, in the order ``modify_gen_kwargs`` sees them:
-    once per prompt of a chunk, with the prompt's own ``gen_kwargs``, whose identity tells
-    its task (each lm-eval ``Instance`` holds its own dict)."""
+    """One ``generate_until`` call's prompts, in the order ``modify_gen_kwargs`` sees them.
+
+    Each prompt of a chunk comes once, with its own ``gen_kwargs``.
+    That dict's identity tells its task, since each lm-eval ``Instance`` holds its own.
+    """
 
     task_of: dict[int, str | None]
     gen_kwargs: list[Any] = field(default_factory=list)
@@ -444,7 +443,7 @@ def _keeping_made_up_answers(original: Callable) -> Callable:
     def postprocess_generated_text(generation: Any, *args: Any, **kwargs: Any) -> Any:
         # lm-eval cuts stop sequences off with str.split, which would turn a made-up answer
         # into a plain "" that both cache layers would then store as the model's answer.
-        if isinstance(generation, ShortCircuitAnswer):
+        if isinstance(generation, BlankAnswer):
             return generation
         return original(generation, *args, **kwargs)
 

@@ -1,16 +1,10 @@
 """Partial outputs from vLLM's offline engine loop, without changing what ``LLM.generate`` returns.
 
-``LLM.generate`` asks the engine for final outputs only (``RequestOutputKind.FINAL_ONLY``).
-The probe hands the engine, for its own requests, a copy of the sampling parameters that asks
-for cumulative outputs instead: the engine then also reports each unfinished request every
-``STREAM_INTERVAL`` tokens (vLLM 0.32 honours ``stream_interval`` in delta mode only and
-reports a cumulative request at every step: ``vllm_offline`` reads it every
-``STREAM_INTERVAL`` tokens itself), and builds the finished output exactly as for ``FINAL_ONLY`` (the
-same text, token ids, finish reason and logprobs; only the unfinished reports are added, and
-``LLM.generate`` keeps finished outputs only). Cumulative rather than delta: a delta-mode
-final output holds only its last piece, so lm-eval would get a different answer.
-
+For its own requests, the probe asks the engine for cumulative outputs instead of final ones only.
+The engine then also reports each unfinished request, and builds the finished output unchanged.
+Cumulative, not delta: a delta-mode final output holds only its last piece.
 Pure logic: no vLLM import; the enum is reached through the parameters' own value.
+See docs/vllm-offline.md.
 """
 
 from __future__ import annotations
