@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from pathlib import PurePath
 
 # One option: its strings and argparse's nargs (0 for a flag that takes no value).
 Option = tuple[tuple[str, ...], int | str | None]
@@ -117,9 +118,14 @@ def results_dir_of(command: Sequence[str], options: Sequence[Option] | None = No
     known = _known(command, options) if path is None else None
     if known is not None and getattr(known, "config", None):
         path = _output_path_in_config(known.config)
-    if isinstance(path, str) and path.endswith(".json"):
-        return os.path.dirname(path) or "."
-    return path if isinstance(path, str) else None
+    return results_dir_at(path) if isinstance(path, str) else None
+
+
+def results_dir_at(output_path: str) -> str:
+    """The directory to read for lm-eval's ``output_path``: the path itself, or the directory of
+    one whose suffix is ``.json`` as ``pathlib`` tells it (``res.json/`` included, ``.json`` not),
+    since lm-eval then writes ``<stem>_<time>.json`` beside it."""
+    return str(PurePath(output_path).parent) if PurePath(output_path).suffix == ".json" else output_path
 
 
 def _known(command: Sequence[str], options: Sequence[Option] | None) -> argparse.Namespace | None:

@@ -20,10 +20,10 @@ from support.lm import GEN_KWARGS, chat, completions, probe_installed, prompts
 
 from probe.demo.localtask import offline_env
 from probe.demo.simserver import SimServer
-from probe.run import summary
 from probe.runtime.api_models.budgets import predicted
 from probe.runtime.core import contract, evidence
 from probe.runtime.core.contract import CAUSES, RULE_CAUSES, cause_words, main_cause
+from probe.summary import summary
 
 
 def _instances(texts: list[str], task: str, start: int = 0) -> list[Instance]:

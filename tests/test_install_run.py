@@ -23,8 +23,9 @@ from probe import lmeval_args
 from probe.demo.localtask import offline_env
 from probe.inject import payload
 from probe.lmeval_args import output_path_in
-from probe.run import _unhooking_flags, summary
+from probe.run import _unhooking_flags
 from probe.runtime.core import contract
+from probe.summary import summary
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
 CHECK = (
@@ -491,6 +492,21 @@ def test_a_python_that_never_loads_the_probe_is_warned_about_and_never_called_wa
     assert "did not trip" not in run.stderr
 
 
+def test_a_flagged_generation_that_ran_to_the_cap_is_cut_off(tmp_path: Path) -> None:
+    # Hostile round 3: "0 of 10 generations observed were cut off, 10 more flagged" over answers
+    # that all ran to the cap after their flag.
+    report = tmp_path / "observed.json"
+    (tmp_path / "observed.json.active").touch()
+    task = figures(observations=10, finish_reasons={"length": 10}, cut_off=10, causes={"output_cap": 10},
+                   cut_off_rate=1.0, flagged=10, flagged_endings={"length": 10})  # fmt: skip
+    group = {"tripped": False, "observations": 10, "pathological": 10, "flagged": 10}
+    evaluation = {"schema_version": 1, "tripped": False, "groups": [group], "tasks": {"t": task}, "unattributed": None}
+    report.write_text(json.dumps({"schema_version": 1, "evaluations": [evaluation]}))
+    line = summary(tmp_path / "results", report)
+    assert "10 of 10 generations observed were cut off (10 of them flagged as looping first)" in line, line
+    assert "more flagged" not in line
+
+
 def test_the_summary_never_calls_a_flag_cut_off(tmp_path: Path) -> None:
     report, loaded = tmp_path / "observed.json", tmp_path / "observed.json.active"
     loaded.touch()
@@ -591,6 +607,84 @@ def test_two_evaluations_that_both_trip_into_one_directory_are_both_reported(sim
     total = sum(f["short_circuited"] for e in blank for f in e["tasks"].values())
     assert f"{total} (in 2 of 2 evaluations) requests short-circuited" in run.stderr, run.stderr[-2000:]
     assert len(list(output.glob(contract.SIDECAR_NAME + ".stale-*"))) == 1  # the first record, moved aside
+
+
+def test_two_trips_of_different_causes_in_one_directory_are_each_named_with_their_advice(
+    sim, local_task, tmp_path: Path
+) -> None:
+    # Hostile round 3: the summary gave the second trip's cause and advice only, and never named
+    # the first one's record, moved aside.
+    capped, looping, output = sim("never_stop"), sim("repetition"), tmp_path / "out"
+    first, second = (
+        shlex.join(local_task.lm_eval_command(s.base_url, "sim", output, 2048, 8)) for s in (capped, looping)
+    )
+    run = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(output), "--", "bash", "-c",
+                          f"{first} && {second}"], env=offline_env(None), capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stderr.splitlines() if "summary:" in line]
+    [moved] = output.glob(contract.SIDECAR_NAME + ".stale-*")
+    cap_advice, loop_advice = (contract.cause_words(c)[1] for c in (contract.OUTPUT_CAP, contract.REPETITION))
+    assert f"Tripped too, its trip record elsewhere: {moved}" in line and cap_advice in line, line
+    assert f"Sidecar: {output / contract.SIDECAR_NAME}" in line and loop_advice in line, line
+
+
+def test_a_nested_eval_probe_run_tells_the_outer_one_what_it_watched(sim, local_task, tmp_path: Path) -> None:
+    # A script that calls eval-probe run itself, run under eval-probe run: the outer summary said
+    # NOT WATCHED over a run the inner one saw trip.
+    server = sim("never_stop")
+    inner = [PYTHON, "-m", "probe", "run", "--", *local_task.lm_eval_command(server.base_url, "sim", tmp_path / "out",
+                                                                              2048, 16)]  # fmt: skip
+    run = eval_probe_run(tmp_path, *inner)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summaries = [line for line in run.stderr.splitlines() if "summary:" in line]
+    assert len(summaries) == 2 and all("summary: TRIPPED (non_terminating): 16/16" in s for s in summaries), summaries
+
+
+def test_a_command_run_with_the_probe_switched_off_is_told_so(sim, local_task, tmp_path: Path) -> None:
+    server = sim("never_stop")
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", tmp_path / "out", 2048, 8),
+                         HYPERLOOM_EVAL_PROBE="0")  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "probe switched off (HYPERLOOM_EVAL_PROBE=0)" in run.stderr and "probe active" not in run.stderr
+    assert "summary: NOT WATCHED: the probe was switched off (HYPERLOOM_EVAL_PROBE=0)" in run.stderr
+
+
+@pytest.mark.parametrize("spelling", ["res.json/", "sub/.json"])
+def test_the_directory_named_is_where_lm_eval_writes_however_the_path_is_spelt(
+    sim, local_task, tmp_path: Path, spelling: str
+) -> None:
+    # lm-eval asks pathlib: "res.json/" is a .json path (res_<time>.json beside it), ".json" is a directory.
+    server = sim("healthy")
+    output = f"{tmp_path / 'o'}/{spelling}"
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 8))
+    assert run.returncode == 0, run.stderr[-3000:]
+    [results] = Path(tmp_path / "o").rglob("res*.json") if spelling == "res.json/" else (tmp_path / "o").rglob(
+        "results_*.json")  # fmt: skip
+    read_from = tmp_path / "o" if spelling == "res.json/" else tmp_path / "o" / "sub" / ".json"
+    assert f"sidecar and results go to {read_from}" in run.stderr, run.stderr[-2000:]
+    assert read_from in results.parents
+    verdict = subprocess.run([PYTHON, "-m", "probe", "read", str(read_from)], capture_output=True, text=True)
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+
+
+def test_the_summary_names_where_lm_eval_saved_when_the_command_line_does_not_say(
+    sim, local_task, tmp_path: Path
+) -> None:
+    # The output path hidden in a script, and a --result-dir that is not lm-eval's output path:
+    # the summary names where lm-eval really wrote (the probe notes it as lm-eval saves).
+    server, output, records = sim("never_stop"), tmp_path / "out", tmp_path / "records"
+    script = shlex.join(local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16))
+    run = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(records), "--", "bash", "-c", script],
+                         env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stderr.splitlines() if "summary:" in line]
+    assert line.endswith(f"Next: eval-probe read {records}; eval-probe read {output}"), line
+    direct = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16))
+    assert f"probe active; sidecar and results go to {output}" in direct.stderr
+    both = subprocess.run([PYTHON, "-m", "probe", "run", "--result-dir", str(records), "--", *shlex.split(script)],
+                          env=offline_env(None), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert f"probe active; its sidecar goes to {records}, lm-eval's results to {output}" in both.stderr
 
 
 def test_the_directory_named_is_where_lm_eval_writes_for_a_json_path_and_a_config(tmp_path: Path) -> None:

@@ -299,7 +299,7 @@ def test_run_summary_does_not_block_on_a_fifo_sidecar(tmp_path: Path) -> None:
     # `eval-probe run` reads the sidecar the same way to print its summary line.
     os.mkfifo(tmp_path / contract.SIDECAR_NAME)
     code = (
-        "import sys; from pathlib import Path; from probe.run import summary\n"
+        "import sys; from pathlib import Path; from probe.summary import summary\n"
         "print(summary(Path(sys.argv[1]), Path(sys.argv[1]) / 'none'))"
     )
     run = subprocess.run([PYTHON, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=30)

@@ -1,22 +1,21 @@
 """Carrying the evidence inside lm-eval's own results file.
 
-Pipelines move or upload only ``results*.json`` (InferenceX's CI does), so the evidence
-travels there: one namespaced top-level entry added to the document lm-eval saves. It
-holds no ``lm_eval_version`` key and no ``metric,filter`` key, and nothing of lm-eval's is
-removed or renamed, so lm-eval's and InferenceX's readers see the file as before.
-
-Results returned by ``simple_evaluate`` already carry their own evaluation's evidence
-(``evaluations``); only results made otherwise get the active scope's here.
+The evidence is one namespaced top-level entry added to the document lm-eval saves.
+Nothing of lm-eval's is removed or renamed, so its readers see the file unchanged.
+Results made outside ``simple_evaluate`` get the active scope's evidence here.
+See docs/evidence.md.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from probe.runtime.core.contract import EVIDENCE_KEY
 from probe.runtime.hooking.patching import mark, wrap
 from probe.runtime.scope import state
+from probe.runtime.scope.report import note_saved
 
 
 def _carrying_evidence(original: Callable) -> Callable:
@@ -27,9 +26,21 @@ def _carrying_evidence(original: Callable) -> Callable:
                 results[EVIDENCE_KEY] = probe.evidence_document()
             except Exception as error:
                 probe.errors.report("save_results_aggregated", error)
-        return original(self, results, *args, **kwargs)
+        saved = original(self, results, *args, **kwargs)
+        _note_where(self, results)
+        return saved
 
     return mark(save_results_aggregated, original)
+
+
+def _note_where(tracker: Any, results: Any) -> None:
+    """Tell ``eval-probe run`` where lm-eval saved this evaluation's results (it may not be
+    where the command line says: a script's own path, a config file's)."""
+    output_path = getattr(tracker, "output_path", None)
+    evidence = results.get(EVIDENCE_KEY) if isinstance(results, dict) else None
+    run_id = evidence.get("run_id") if isinstance(evidence, dict) else None
+    if output_path and isinstance(output_path, str | os.PathLike) and isinstance(run_id, str):
+        note_saved(run_id, os.fspath(output_path))
 
 
 def carry_evidence(evaluation_tracker: Any) -> None:

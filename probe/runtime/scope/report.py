@@ -1,11 +1,8 @@
-"""The report (``HYPERLOOM_EVAL_PROBE_REPORT``, set by ``eval-probe run``): what the
-evaluations of every probed process of one command observed, each added as it ends (so a
-forked worker, which skips exit handlers, still reports its evaluations).
+"""The report (``HYPERLOOM_EVAL_PROBE_REPORT``, set by ``eval-probe run``) of one command.
 
-A command may start many Python processes (a script that runs lm-eval, then a helper that
-merely imports it). Each adds its own evaluations to the one report, under a lock, and a
-process in which nothing was evaluated adds nothing: a later idle process never replaces
-what lm-eval reported.
+It holds what every probed process's evaluations observed, each added as it ends.
+Processes add to the one report under a lock, keeping what others wrote.
+A process that evaluated nothing adds nothing. See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -80,9 +77,11 @@ def _locked(path: str) -> Iterator[None]:
 
 
 def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
-    """Append ``evaluations`` to the report at ``path``, keeping what other processes wrote; raise
-    OSError, writing nothing, where something else is there (replacing it could drop a trip that
-    another process reported: left as it is, ``eval-probe run`` says it cannot tell)."""
+    """Append ``evaluations`` to the report at ``path``, keeping what other processes wrote.
+
+    Where something else is there, it raises OSError and writes nothing.
+    Replacing it could drop another process's trip; left as it is, ``eval-probe run`` says it cannot tell.
+    """
     with _locked(path):
         if os.path.lexists(path) and not os.path.isfile(path):
             raise OSError(f"{path} is not a regular file; it is left as it is")
@@ -96,24 +95,58 @@ def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
 
 
 def note_trip(run_id: str) -> None:
-    """Under ``eval-probe run``: add ``run_id`` to ``REPORT.active`` before its trip record is
-    written, so that the record is known as the command's even if its process is killed before it
-    reports; never raises."""
+    """Under ``eval-probe run``: add ``run_id`` to ``REPORT.active`` before its trip record is written.
+
+    So the record is known as the command's even if its process is killed before it reports.
+    Never raises.
+    """
     path = os.environ.get(ENV_REPORT)
     if path:
         with contextlib.suppress(OSError), os.fdopen(_open(f"{path}.active", _APPEND), "a") as noted:
             noted.write(f"{run_id}\n")
 
 
-def noted_trips(path: str) -> set[str]:
-    """The run identities ``note_trip`` added beside the report at ``path``."""
+def note_saved(run_id: str, output_path: str) -> None:
+    """Under ``eval-probe run``: add to ``REPORT.active`` that lm-eval saved the results of
+    evaluation ``run_id`` at ``output_path`` (made absolute here, where lm-eval resolves it).
+    Never raises."""
+    path = os.environ.get(ENV_REPORT)
+    if path:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            line = json.dumps({"run_id": run_id, "saved": os.path.abspath(output_path)})
+            with os.fdopen(_open(f"{path}.active", _APPEND), "a") as noted:
+                noted.write(line + "\n")
+
+
+def _noted(path: str) -> list[str]:
+    """The lines beside the report at ``path`` (``note_trip``, ``note_saved``)."""
     try:
         with os.fdopen(_open(f"{path}.active", os.O_RDONLY), encoding="utf-8", errors="replace") as noted:
-            lines = noted.read(MAX_REPORT_BYTES).splitlines()
+            return noted.read(MAX_REPORT_BYTES).splitlines()
     except OSError:
-        return set()
-    # Only what a run identity looks like (a random hex id and a pid): any process may write there.
-    return {line for line in lines if re.fullmatch(r"[0-9a-f]{1,64}\.[0-9]{1,10}", line, re.ASCII)}
+        return []
+
+
+def _is_run_id(value: object) -> bool:
+    # What a run identity looks like (a random hex id and a pid): any process may write there.
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{1,64}\.[0-9]{1,10}", value, re.ASCII) is not None
+
+
+def noted_trips(path: str) -> set[str]:
+    """The run identities ``note_trip`` added beside the report at ``path``."""
+    return {line for line in _noted(path) if _is_run_id(line)}
+
+
+def saved_results(path: str) -> dict[str, list[str]]:
+    """Where lm-eval saved each evaluation's results (``note_saved``), by run identity."""
+    found: dict[str, list[str]] = {}
+    for line in _noted(path):
+        with contextlib.suppress(ValueError, RecursionError):
+            entry = json.loads(line) if line.startswith("{") else None
+            saved = entry.get("saved") if isinstance(entry, dict) else None
+            if _is_run_id(entry and entry.get("run_id")) and isinstance(saved, str) and saved.isprintable():
+                found.setdefault(entry["run_id"], []).append(saved)
+    return found
 
 
 def mark_active() -> None:
@@ -144,3 +177,16 @@ def settle(scopes: Iterable[Any]) -> None:
             add_to_report(path, evaluations)
     except Exception as error:
         say(f"could not write the observation report {path}: {error!r}")
+
+
+def forward_report(path: str, outer: str) -> None:
+    """Add the report at ``path`` (its evaluations, and the notes beside it) to the report at
+    ``outer``: an ``eval-probe run`` inside another tells the outer one what it watched.
+    Never raises."""
+    with contextlib.suppress(OSError, ValueError):
+        evaluations = read_report(path)
+        if evaluations:
+            add_to_report(outer, evaluations)
+        if os.path.lexists(f"{path}.active"):
+            with os.fdopen(_open(f"{outer}.active", _APPEND), "a") as noted:
+                noted.write("".join(f"{line}\n" for line in _noted(path)))

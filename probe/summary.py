@@ -1,0 +1,307 @@
+"""What ``eval-probe run`` says when its command has ended.
+
+:func:`summarise` computes a :class:`Summary` once from the command's own records; its
+:meth:`~Summary.line` words it once. A summary speaks only for the command's own evaluations,
+known by their run identities (the probe's report, and the trips noted before their records were
+written), and only for what the probe watched. Any other trip record is another run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probe.lmeval_args import results_dir_at
+from probe.reader.documents import Unreadable
+from probe.reader.evidence import cap_rate, run_evidence
+from probe.reader.model import SidecarState
+from probe.reader.sidecar import Sidecar, read_sidecar, read_trip_records
+from probe.runtime.core.contract import ENV_SWITCH, EVIDENCE_KEY, SIDECAR_NAME, cause_words
+from probe.runtime.core.evidence import is_pathological
+from probe.runtime.core.sidecar import is_count
+from probe.runtime.scope.report import noted_trips, read_report, saved_results
+
+# What to read when the directory is not known.
+_ITS_DIRECTORY = "its results directory"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The summary of one command: what is known (``headline``), then the same sentences in
+    every case: another run's record in the directory, the signal that ended the command, the
+    processes still running, and the directories to read next."""
+
+    headline: str
+    reads: tuple[str, ...] = ()
+    signal: int | None = None
+    other: str | None = None  # another run's trip record in the results directory
+    still_running: int = 0
+
+    def line(self) -> str:
+        sentences = [f"summary: {self.headline}"]
+        if self.other:
+            sentences.append(f"The sidecar {self.other} is another run's, not this one's")
+        if self.signal is not None:
+            sentences.append(f"Then the command was ended by signal {self.signal} ({signal_name(self.signal)})")
+        if self.still_running:
+            sentences[-1] += f"; still running then: {self.still_running} process(es) it started (listed above)"
+        if self.reads:
+            sentences.append("Next: " + "; ".join(f"eval-probe read {where}" for where in self.reads))
+        return ". ".join(sentences)
+
+
+def summary(
+    result_dir: Path, report: Path, ended_by: int | None = None, still_running: int = 0, switched_off: str = ""
+) -> str:
+    """The summary line of a command whose results directory is ``result_dir`` and whose probe
+    reported to ``report``; ``ended_by`` is the signal that ended it, if one did; with
+    ``still_running`` processes it started still at work, no trip yet is no verdict;
+    ``switched_off`` is the value of the probe's switch when the command was started switched off."""
+    return summarise(result_dir, report, ended_by, still_running, switched_off).line()
+
+
+@dataclass(frozen=True)
+class _Command:
+    """What the command's own evaluations left: the report's evaluations, their run identities
+    (and those of the trips noted before their records were written), where lm-eval saved their
+    results, and their trip records, found by run identity wherever they lie."""
+
+    evaluations: list[dict[str, Any]]
+    ours: set[str]
+    unreported: list[str]
+    saved: list[str]
+    records: list[Sidecar]
+
+
+def _command(result_dir: Path, report: Path) -> _Command:
+    evaluations = read_report(str(report))
+    noted = noted_trips(str(report))
+    reported = {e.get("run_id") for e in evaluations}
+    ours = {run for run in reported | noted if isinstance(run, str)}
+    saved = [results_dir_at(path) for run, paths in saved_results(str(report)).items() if run in ours for path in paths]
+    # Trip records are looked for in the results directory and where the report says each one went.
+    places = [result_dir, *(Path(path).parent for path in _named_records(evaluations))]
+    found = [r for place in _once(places) for r in read_trip_records(place) if r.state is SidecarState.VALID]
+    records = [r for r in found if r.trip.get("run_id") in ours]
+    return _Command(evaluations, ours, sorted(noted - reported), _once(saved), _once_by_path(records))
+
+
+def summarise(
+    result_dir: Path, report: Path, ended_by: int | None = None, still_running: int = 0, switched_off: str = ""
+) -> Summary:
+    """What is known of the command, as :func:`summary` words it."""
+    common = {"signal": ended_by, "still_running": still_running}
+    sidecar = read_sidecar(result_dir)
+    if sidecar.state is SidecarState.UNREADABLE:
+        return Summary(f"the sidecar is unreadable ({sidecar.error})", **common)
+    command = _command(result_dir, report)
+    if sidecar.state is SidecarState.VALID and sidecar.trip.get("run_id") not in command.ours:
+        common["other"] = str(sidecar.path)
+    here = [r for r in command.records if _inside(r.path, result_dir)]
+    if command.records:
+        return _tripped(result_dir, command, here, common)
+    tripped = [e for e in command.evaluations if e.get("tripped") is True]
+    if command.unreported:  # it tripped, then its process ended before it reported (killed, os._exit)
+        return Summary(
+            f"TRIPPED in {len(command.unreported)} evaluation(s) that ended before they reported (run "
+            f"{', '.join(command.unreported)}), whose trip record is not in {result_dir}",
+            command.saved or ("the results directory of that run",), **common,
+        )  # fmt: skip
+    if tripped:  # the report says so, but no record of its run identity was found
+        named = _named_records(tripped)
+        return Summary(
+            f"TRIPPED in {len(tripped)} of {len(command.evaluations)} evaluation(s), whose trip record is not in "
+            f"{result_dir}: " + ("; ".join(named) if named else "written by another process of the run"),
+            _once([str(Path(path).parent) for path in named] + command.saved) or (_ITS_DIRECTORY,), **common,
+        )  # fmt: skip
+    if still_running:
+        return Summary("not known yet (no trip record of this run so far): read it once they finish",
+                       (str(result_dir),), **common)  # fmt: skip
+    if not command.evaluations:
+        return _nothing_reported(result_dir, report, switched_off, common)
+    if not _as_written(command.evaluations):
+        return Summary(f"not known: no evaluation in the probe's report {report} says it tripped, but its figures "
+                       "are not as the probe writes them", (str(result_dir),), **common)  # fmt: skip
+    return Summary(_healthy(command.evaluations), tuple(command.saved), **common)
+
+
+def _tripped(result_dir: Path, command: _Command, here: list[Sidecar], common: dict[str, Any]) -> Summary:
+    """The command's evaluations tripped, and their records were found: each is named, with its
+    cause and what to change; the first is the directory's own sidecar, if it is one of them."""
+    elsewhere = [r for r in command.records if r not in here]
+    tripped = sum(e.get("tripped") is True for e in command.evaluations)
+    reads = _once([str(result_dir)] * bool(here) + [str(Path(r.path).parent) for r in elsewhere] + command.saved)
+    if not here:
+        return Summary(
+            f"TRIPPED in {max(tripped, len(elsewhere))} of {max(len(command.evaluations), len(elsewhere))} "
+            f"evaluation(s), whose trip record is not in {result_dir}: " + "; ".join(str(r.path) for r in elsewhere),
+            reads, **common,
+        )  # fmt: skip
+    sidecar = os.path.realpath(result_dir / SIDECAR_NAME)
+    first, *others = sorted(here, key=lambda r: (os.path.realpath(r.path) != sidecar, str(r.trip.get("tripped_at"))))
+    return Summary(
+        f"TRIPPED {_trip_words(first, _short_circuited(command, first))}. Sidecar: {first.path}"
+        + "".join(f". Tripped too, its trip record elsewhere: {r.path} {_trip_words(r)}" for r in others + elsewhere),
+        reads, **common,
+    )  # fmt: skip
+
+
+def _trip_words(record: Sidecar, cut: str | None = None) -> str:
+    """A trip record in words: its pathology, what happened, how many requests were answered
+    blank (``cut``, when known), what to change."""
+    trip = record.trip
+    what, advice = cause_words(trip.get("cause"))
+    return (
+        f"({trip['pathology']}): {trip['pathological']}/{trip['observations']} generations {what} "
+        f"(max_tokens {trip['max_tokens'] or 'not recorded'}); "
+        + (f"{cut} requests short-circuited; " if cut is not None else "")
+        + f"what to change: {advice}"
+    )
+
+
+def _short_circuited(command: _Command, first: Sidecar) -> str:
+    """How many requests the command's tripped evaluations answered blank: from the report
+    when it holds several that tripped, else from the record's final counters."""
+    tripped = [e for e in command.evaluations if e.get("tripped") is True]
+    if len(tripped) > 1 and _as_written(tripped):
+        total = sum(_blank_answered(e) for e in tripped)
+        return f"{total} (in {len(tripped)} of {len(command.evaluations)} evaluations)"
+    count = first.final.get("short_circuited_requests") if first.final else None
+    return str(count) if is_count(count) else "?"
+
+
+def _nothing_reported(result_dir: Path, report: Path, switched_off: str, common: dict[str, Any]) -> Summary:
+    """No evaluation of the command reported, and none tripped: why, as far as it is known."""
+    if os.path.lexists(report):  # the probe writes one only with evaluations in it
+        return Summary(f"not known: the probe's report {report} cannot be read as one it writes",
+                       (str(result_dir),), **common)  # fmt: skip
+    if switched_off:
+        return Summary(f"NOT WATCHED: the probe was switched off ({ENV_SWITCH}={switched_off}), so it observed "
+                       "nothing", **common)  # fmt: skip
+    if not os.path.lexists(f"{report}.active"):
+        return Summary(
+            "NOT WATCHED: the probe was active in no process of the command (no lm-eval ran, or it ran where "
+            "PYTHONPATH does not reach: python -I, -E or -S, sudo, env -i, a container, a remote shell), so it "
+            "observed nothing", **common,
+        )  # fmt: skip
+    if common["signal"] is not None:  # the probe reports as each evaluation ends: a signal stops that
+        return Summary(f"no trip record of this run in {result_dir}: the probe had not tripped when the signal "
+                       "came", **common)  # fmt: skip
+    # lm-eval loaded the probe somewhere (a helper that imported it, say), but no evaluation ended
+    # under it, and none tripped: never "did not trip", which a user reads as healthy.
+    return Summary(
+        "NOT WATCHED to its end: lm-eval loaded the probe, but no evaluation under it ended, and none tripped (an "
+        "lm-eval run where PYTHONPATH does not reach is not watched: python -I, -E or -S, sudo, env -i, a "
+        "container, a remote shell; one killed before its end reports nothing)", **common,
+    )  # fmt: skip
+
+
+def _healthy(evaluations: list[dict[str, Any]]) -> str:
+    """What the probe observed in evaluations that did not trip. A flagged generation that then
+    ran to its cap is cut off; one that stopped is only flagged."""
+    groups = [g for e in evaluations for g in e["groups"]]
+    tasks = [(name, figures) for e in evaluations for name, figures in e["tasks"].items()]
+    counted = [f for _, f in tasks] + [e["unattributed"] for e in evaluations if e.get("unattributed")]
+    seen = sum(g["observations"] for g in groups)
+    # A group's pathological count holds its loop flags too, each once, whatever its ending.
+    flagged = sum(min(g.get("flagged", 0), g["pathological"]) for g in groups if is_count(g.get("flagged", 0)))
+    endings = [f.get("flagged_endings") for f in counted]
+    flagged_cut = sum(n for e in endings if isinstance(e, dict) for label, n in e.items()
+                      if is_pathological(label) and is_count(n))  # fmt: skip
+    flagged_cut = min(flagged, flagged_cut)
+    cut = sum(g["pathological"] for g in groups) - flagged + flagged_cut
+    rates = [(name, cap_rate(figures)) for name, figures in tasks]
+    worst = max(((name, rate) for name, rate in rates if rate), key=lambda found: found[1], default=None)
+    unjudged = sum(f.get("below_min_max_tokens", 0) + f.get("unknown_budget", 0) for f in counted)
+    highest = f"; most cut off: {worst[0]}, {worst[1]:.1%} of its generations" if worst else ""
+    if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
+        highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"
+    return (
+        f"the probe did not trip: {cut} of {seen} generations observed were cut off"
+        + (f" ({flagged_cut} of them flagged as looping first)" if flagged_cut else "")
+        + (f", {flagged - flagged_cut} more flagged as looping while they ran" if flagged > flagged_cut else "")
+        + f", in {len(groups)} group(s) of generation settings of {len(evaluations)} evaluation(s){highest}"
+    )
+
+
+def _blank_answered(evaluation: dict[str, Any]) -> int:
+    """How many requests the probe answered blank in one evaluation of the report."""
+    counted = [*evaluation["tasks"].values(), *([evaluation["unattributed"]] if evaluation.get("unattributed") else [])]
+    return sum(f.get("short_circuited", 0) for f in counted if is_count(f.get("short_circuited", 0)))
+
+
+def _as_written(evaluations: list[dict[str, Any]]) -> bool:
+    """Whether the report's evaluations are evidence documents as the probe writes them: each one
+    as the reader trusts it in a results file (``run_evidence``), with groups whose counts hold
+    and agree with its trip flag, a trip record named only where it tripped, task names that
+    print as one line, and each task's recorded cut-off rate a fraction (the rate the summary
+    prints comes from the counts). The report is a file any process of the command may write."""
+    for evaluation in evaluations:
+        try:
+            run_evidence({EVIDENCE_KEY: evaluation})
+        except Unreadable:
+            return False
+        groups = evaluation.get("groups")
+        if not isinstance(groups, list) or not all(
+            isinstance(g, dict) and type(g.get("tripped")) is bool and is_count(g.get("observations"))
+            and is_count(g.get("pathological")) and g["pathological"] <= g["observations"] for g in groups
+        ):  # fmt: skip
+            return False
+        if evaluation["tripped"] != any(g["tripped"] for g in groups) or (
+            evaluation.get("sidecar") is not None and not evaluation["tripped"]
+        ):
+            return False
+        tasks = evaluation["tasks"].items()
+        if not all(name.isprintable() and _a_fraction(figures.get("cut_off_rate")) for name, figures in tasks):
+            return False
+    return True
+
+
+def _a_fraction(rate: Any) -> bool:
+    """Whether a task's cut-off rate is as the probe writes it: None (nothing observed) or a fraction."""
+    return rate is None or (type(rate) in (int, float) and 0 <= rate <= 1)
+
+
+def _named_records(evaluations: list[dict[str, Any]]) -> list[str]:
+    """The trip records the report names for its evaluations that tripped, each file once however
+    it is spelt; a record that names no path, or one that would not print as one line, is left
+    out (the report is a file any process may write)."""
+    paths = [e.get("sidecar") for e in evaluations if e.get("tripped") is True]
+    return _once([p for p in paths if isinstance(p, str) and p.strip() and p.isprintable()])
+
+
+def _once(paths: list[Any]) -> list[str]:
+    """``paths`` in order, each file once however it is spelt."""
+    seen: set[str] = set()
+    kept = []
+    for path in map(str, paths):
+        real = path
+        with contextlib.suppress(ValueError, OSError):  # a NUL, a lone surrogate
+            real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            kept.append(path)
+    return kept
+
+
+def _once_by_path(records: list[Sidecar]) -> list[Sidecar]:
+    kept = {str(r.path): r for r in records}
+    return [kept[path] for path in _once(list(kept))]
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    """Whether ``path`` lies in ``directory`` or a subdirectory of it, however either is spelt."""
+    with contextlib.suppress(ValueError, OSError):
+        return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(directory))
+    return False
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
