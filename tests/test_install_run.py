@@ -507,6 +507,28 @@ def test_a_flagged_generation_that_ran_to_the_cap_is_cut_off(tmp_path: Path) -> 
     assert "more flagged" not in line
 
 
+def test_a_trip_record_moved_aside_by_a_concurrent_run_is_still_this_commands(tmp_path: Path) -> None:
+    # Two runs at once into one directory: the other one's record took the sidecar's name, and
+    # this command's own now lies beside it. Before: its summary named the other one's as its own.
+    results, report = tmp_path / "results", tmp_path / "observed.json"
+    results.mkdir()
+    mine, theirs = "a" * 32 + ".1", "b" * 32 + ".2"
+
+    def record(run: str, pathology: str) -> str:
+        return json.dumps({"schema_version": 1, "verdict": {
+            "tripped": True, "pathology": pathology, "observations": 16, "pathological": 16,
+            "finish_reasons": {"length": 16}, "max_tokens": [2048], "settings": {}, "tripped_at": time.time() - 5,
+            "run_id": run}, "final": None})  # fmt: skip
+
+    (results / contract.SIDECAR_NAME).write_text(record(theirs, "repetition"))
+    moved = results / f"{contract.SIDECAR_NAME}.stale-{int(time.time())}"
+    moved.write_text(record(mine, "non_terminating"))
+    (tmp_path / "observed.json.active").write_text(mine + "\n")
+    line = summary(results, report)
+    assert line.startswith("summary: TRIPPED (non_terminating)") and f"Sidecar: {moved}" in line, line
+    assert f"The sidecar {results / contract.SIDECAR_NAME} is another run's, not this one's" in line, line
+
+
 def test_the_summary_never_calls_a_flag_cut_off(tmp_path: Path) -> None:
     report, loaded = tmp_path / "observed.json", tmp_path / "observed.json.active"
     loaded.touch()

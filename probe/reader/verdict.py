@@ -227,7 +227,8 @@ class _Judge:
                                     "run was cut short cannot be told", **base)  # fmt: skip
         if facts.marks(task):
             words = trip_words(facts.trip.record if facts.trip else None)
-            missing = "" if value is not None else f"; and no finite score for {metric!r}"
+            missing = "" if value is not None else f"; and no finite score for {metric!r}" if metric else (
+                "; and no score lm-eval measured")  # fmt: skip
             return self.verdict(source, Status.BELOW_FLOOR, f"{words.reason} (the probe cut this task short){missing}",
                                 cause=words.cause, pathology=_pathology(facts.trip, figures),
                                 evidence_status=Status.BELOW_FLOOR, **base)  # fmt: skip
