@@ -221,7 +221,7 @@ def _healthy(evaluations: list[dict[str, Any]]) -> str:
     if unjudged:  # counted in the evidence, not by the rule: a budget below MIN_MAX_TOKENS, or unknown
         highest = f"; {unjudged} more observed under a budget the rule does not judge{highest}"
     if not seen:  # lm-eval ended (or failed) before any generation that counts for the rule
-        return f"the probe did not trip: it observed no generation the rule judges{highest}"
+        return f"the probe did not trip: it observed no generation the rule judges{highest.replace(' more', '', 1)}"
     return (
         f"the probe did not trip: {cut} of {seen} generations observed were cut off"
         + (f" ({flagged_cut} of them flagged as looping first)" if flagged_cut else "")

@@ -597,8 +597,8 @@ def test_the_summary_counts_what_the_rule_does_not_judge(sim, local_task, tmp_pa
                          env=offline_env(None), capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     (line,) = [line for line in run.stderr.splitlines() if "summary:" in line]
-    assert "the probe did not trip: 0 of 0 generations observed were cut off" in line
-    assert "; 40 more observed under a budget the rule does not judge" in line  # local_task: 40 documents
+    assert "the probe did not trip: it observed no generation the rule judges" in line
+    assert "; 40 observed under a budget the rule does not judge" in line  # local_task: 40 documents
     assert f"most cut off: {local_task.name}, 100.0% of its generations" in line
 
 

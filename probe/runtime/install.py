@@ -15,12 +15,10 @@ import sys
 from typing import Any
 
 from probe.runtime.core.contract import read_settings
-from probe.runtime.evaluator.caches import guard_caches
-from probe.runtime.evaluator.results import carry_evidence
 from probe.runtime.hooking.integration import Integration
 from probe.runtime.hooking.patching import hooks_in, own_replacements, restore_all, restore_own
-from probe.runtime.hooking.versions import lm_eval_version
-from probe.runtime.registry import integration_for
+from probe.runtime.hooking.versions import installed_version
+from probe.runtime.registry import WITH_LM_EVAL, integration_for
 from probe.runtime.scope import state
 from probe.runtime.scope.log import forget_said, say, say_once
 from probe.runtime.scope.report import mark_active, settle
@@ -38,11 +36,15 @@ def install_integration(integration: Integration, module: Any = None) -> bool:
 
 def _install(integration: Integration, module: Any, made: list) -> bool:
     try:
-        if not (_activate(integration) if integration.in_lm_eval else read_settings()[0].enabled):
+        if not (_activate() if integration.in_lm_eval else read_settings()[0].enabled):
             return False
         mark_active()
+        for tested in integration.tested:
+            say_once(tested.warning(installed_version(tested)))
         if module is None:
             module = importlib.import_module(integration.waits_for)
+        for required in WITH_LM_EVAL if integration.in_lm_eval else ():
+            required.install(importlib.import_module(required.waits_for))
         # Always: each hook is put in place where it is missing, so one that a pipeline's wrapper
         # kept through an uninstall never stands for the others (install is idempotent per hook).
         integration.install(module)
@@ -84,17 +86,13 @@ def install_module(module: Any) -> bool:
 _AT_EXIT = False
 
 
-def _activate(integration: Integration) -> bool:
-    """Make the process's probe on first use, and guard both cache layers; False when off."""
+def _activate() -> bool:
+    """Make the process's probe on first use; False when off."""
     settings, warnings = read_settings()
     for warning in warnings:
         say_once(warning)
     if not settings.enabled:
         return False
-    from lm_eval.api import model as api_model
-    from lm_eval.loggers import evaluation_tracker
-
-    say_once(integration.tested.warning(lm_eval_version()))
     global _AT_EXIT
     if not _AT_EXIT:
         _AT_EXIT = True
@@ -102,8 +100,6 @@ def _activate(integration: Integration) -> bool:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=state.forked)
     state.activate(settings)
-    guard_caches(api_model)
-    carry_evidence(evaluation_tracker)
     return True
 
 

@@ -5,7 +5,7 @@ hands it the names) and what the installer installs on each. A new hook module d
 from __future__ import annotations
 
 from probe.runtime.api_models import api
-from probe.runtime.evaluator import evaluations
+from probe.runtime.evaluator import caches, evaluations, results
 from probe.runtime.hooking.integration import Integration
 from probe.runtime.huggingface import hf
 from probe.runtime.vllm import replica_engine, vllm_offline
@@ -17,6 +17,10 @@ INTEGRATIONS: tuple[Integration, ...] = (
     hf.INTEGRATION,
     replica_engine.INTEGRATION,
 )
+
+# Installed with each integration that runs in lm-eval, before it: lm-eval's caches keep no blank
+# answer, and its results file carries the evidence. The start-up stub does not wait for them.
+WITH_LM_EVAL: tuple[Integration, ...] = (caches.INTEGRATION, results.INTEGRATION)
 
 
 def targets() -> tuple[str, ...]:

@@ -407,6 +407,6 @@ INTEGRATION = Integration(
     waits_for="lm_eval.models.api_models",
     install=install_api,
     uninstall=uninstall_api,
-    tested=LM_EVAL,
+    tested=(LM_EVAL,),
     unprobed="lm-eval's API models",
 )

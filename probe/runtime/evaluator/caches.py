@@ -11,7 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from probe.runtime.core.answers import BlankAnswer
-from probe.runtime.hooking.patching import mark, wrap
+from probe.runtime.hooking.integration import Integration
+from probe.runtime.hooking.patching import mark, restore_where, wrap
+from probe.runtime.hooking.versions import LM_EVAL
 
 
 def _guarded_add_partial(original: Callable) -> Callable:
@@ -57,3 +59,22 @@ def guard_caches(api_model: Any) -> None:
     """Patch ``lm_eval.api.model``'s CacheHook and CachingLM (idempotent)."""
     wrap(api_model.CacheHook, "add_partial", _guarded_add_partial)
     wrap(api_model.CachingLM, "__init__", _guarded_caching_init)
+
+
+def unguard_caches(api_model: Any) -> None:
+    """Restore what :func:`guard_caches` replaced."""
+    restore_where(lambda owner, name: (owner, name) in _guarded(api_model))
+
+
+def _guarded(api_model: Any) -> set[tuple[Any, str]]:
+    return {(api_model.CacheHook, "add_partial"), (api_model.CachingLM, "__init__")}
+
+
+# Installed with every integration that runs in lm-eval (``registry.WITH_LM_EVAL``).
+INTEGRATION = Integration(
+    waits_for="lm_eval.api.model",
+    install=guard_caches,
+    uninstall=unguard_caches,
+    tested=(LM_EVAL,),
+    unprobed="lm-eval's generation (its caches would keep blank answers)",
+)

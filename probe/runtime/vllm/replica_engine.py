@@ -27,8 +27,8 @@ from probe.runtime.vllm.replicas import POLL_S, REPLICA_FILE, TAG, TRIPPED
 
 
 class Replica:
-    """This replica's share of one tagged call: what ``EngineCall`` reports to, in place of a
-    ``Probe`` (``observe``, ``partial``, ``blanks``, ``errors``), and the markers it looks for."""
+    """This replica's share of one tagged call: the ``Observer`` its ``EngineCall`` reports to, in
+    place of an evaluation's scope, and the markers it looks for."""
 
     def __init__(self, directory: str, places: list[int], numbers: list[int]) -> None:
         self.errors = ErrorReports()
@@ -162,15 +162,15 @@ def _replica_generate(original: Callable) -> Callable:
 def _watched(
     replica: Replica, llm: Any, prompts: Any, params: list, watch: bool, original: Callable, args: Any, kwargs: Any
 ) -> Any:
-    engine = vllm_offline._hook_engine(replica, llm)
+    engine = vllm_offline.hook_engine(llm)
     if engine is None:  # said once: unprobed, and the driver says which prompts went unobserved
         return original(llm, prompts, params, *args, **kwargs)
     call = ReplicaCall(replica, engine, replica.requests, watch=watch)  # type: ignore[arg-type]
-    token = vllm_offline._CALL.set(call)
+    token = vllm_offline.CURRENT_CALL.set(call)
     try:
         outputs = original(llm, prompts, params, *args, **kwargs)
     finally:
-        vllm_offline._CALL.reset(token)
+        vllm_offline.CURRENT_CALL.reset(token)
     return call.answers(list(outputs))
 
 
@@ -190,7 +190,7 @@ INTEGRATION = Integration(
     waits_for="vllm.entrypoints.llm",
     install=install_replica,
     uninstall=uninstall_replica,
-    tested=VLLM,
+    tested=(VLLM,),
     unprobed="the replicas of lm-eval's data-parallel vLLM backend",
     in_lm_eval=False,
 )

@@ -26,6 +26,7 @@ from probe.runtime.inprocess.order import install_order, sampled_order
 from probe.runtime.scope import state
 from probe.runtime.scope.groups import Group, Request
 from probe.runtime.scope.log import say
+from probe.runtime.scope.observer import Observer
 from probe.runtime.vllm import replicas
 from probe.runtime.vllm.engine_slow_start import AddFailed, EngineSlowStart
 from probe.runtime.vllm.vllm_partial import STREAM_INTERVAL, new_text, watched_params
@@ -72,7 +73,7 @@ class Prompts:
 class EngineCall:
     """One ``LLM.generate`` call followed through the engine: which request is which."""
 
-    probe: state.Probe
+    probe: Observer  # the evaluation's scope, or a replica's stand-in
     engine: Any
     requests: list[Request]
     ids: list[str] = field(default_factory=list)  # engine request ids, in the order added
@@ -221,7 +222,9 @@ def as_response(output: Any) -> dict[str, Any]:
 # The generate_until call and the engine call running now; any other use of an engine
 # (another LLM object, another thread) finds them unset and is left alone.
 _PROMPTS: contextvars.ContextVar[Prompts | None] = contextvars.ContextVar("lm_eval_probe_prompts", default=None)
-_CALL: contextvars.ContextVar[EngineCall | None] = contextvars.ContextVar("lm_eval_probe_engine_call", default=None)
+CURRENT_CALL: contextvars.ContextVar[EngineCall | None] = contextvars.ContextVar(
+    "lm_eval_probe_engine_call", default=None
+)
 _UNHOOKABLE: set[type] = set()  # engine classes that could not be hooked: said once, not retried
 
 
@@ -287,11 +290,11 @@ def _probed_model_generate(original: Callable, vllm_causallms: Any = None) -> Ca
                 in_engine = [planned[i] for i in send]
                 call = EngineCall(probe, engine, in_engine, watch=wanted(probe.settings, in_engine))
                 call.slow = _slow_start(probe, engine, in_engine)
-                token = _CALL.set(call)
+                token = CURRENT_CALL.set(call)
                 try:
                     outputs = original(self, sent, generate, params, **kwargs)
                 finally:
-                    _CALL.reset(token)
+                    CURRENT_CALL.reset(token)
                 given = call.answers(list(outputs))
             for i, answer in zip(send, given, strict=True):
                 answers[i] = answer
@@ -331,7 +334,7 @@ def _watch(
             return None
         engine = None
         if getattr(lm, "data_parallel_size", 1) <= 1:
-            engine = _hook_engine(probe, getattr(lm, "model", None))
+            engine = hook_engine(getattr(lm, "model", None))
             if engine is None:
                 return None
         model_args = getattr(lm, "model_args", None)
@@ -349,7 +352,7 @@ def _watch(
 def _observing_step(original: Callable) -> Callable:
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         outputs = original(self, *args, **kwargs)
-        call = _CALL.get()
+        call = CURRENT_CALL.get()
         if call is not None and call.engine is self:
             try:
                 call.after_step(outputs)
@@ -363,7 +366,7 @@ def _observing_step(original: Callable) -> Callable:
 
 def _recording_add_request(original: Callable) -> Callable:
     def add_request(self: Any, request_id: Any, *args: Any, **kwargs: Any) -> Any:
-        call = _CALL.get()
+        call = CURRENT_CALL.get()
         ours = call is not None and call.engine is self and len(call.ids) < len(call.requests)
         if not ours:
             return original(self, request_id, *args, **kwargs)
@@ -385,7 +388,7 @@ def _counting_held(original: Callable) -> Callable:
     def get_num_unfinished_requests(self: Any, *args: Any, **kwargs: Any) -> Any:
         # LLM.generate sizes its progress bar with this before its first step: the held count.
         count = original(self, *args, **kwargs)
-        call = _CALL.get()
+        call = CURRENT_CALL.get()
         if call is not None and call.engine is self and call.slow is not None and isinstance(count, int):
             try:
                 return count + len(call.slow.waiting)
@@ -409,7 +412,7 @@ def _with_watched_params(call: EngineCall, request: Request, args: tuple, kwargs
     return args, kwargs
 
 
-def _hook_engine(probe: state.Probe, llm: Any) -> Any:
+def hook_engine(llm: Any) -> Any:
     """The engine ``llm`` drives, its class hooked (once; only now is the class known);
     None, said once, when it cannot be."""
     engine = getattr(llm, "llm_engine", None)
@@ -423,20 +426,11 @@ def _hook_engine(probe: state.Probe, llm: Any) -> Any:
         hooks = dict(zip(ENGINE_HOOKS, (_observing_step, _recording_add_request, _counting_held), strict=True))
         for name, make in hooks.items():
             wrap(next(c for c in cls.__mro__ if name in c.__dict__), name, make)
-        _warn_untested_vllm(probe)
         return engine
     except Exception as error:
         _UNHOOKABLE.add(cls)
         say(f"could not hook vLLM's engine ({error!r}); lm-eval's vLLM backend runs unprobed")
         return None
-
-
-def _warn_untested_vllm(probe: state.Probe) -> None:
-    import vllm
-
-    warning = VLLM.warning(str(getattr(vllm, "__version__", "unknown")))
-    if warning:
-        probe.errors.once("vllm version", warning)
 
 
 def _keeping_made_up_answers(original: Callable) -> Callable:
@@ -465,7 +459,7 @@ def install_vllm(vllm_causallms: Any) -> None:
         and isinstance(modify, staticmethod)
         and callable(getattr(vllm_causallms, "postprocess_generated_text", None))
     ):
-        raise LookupError("lm-eval's VLLM class is not as this probe knows it (tested with lm-eval 0.4.13)")
+        raise LookupError(f"lm-eval's VLLM class is not as this probe knows it (tested with {LM_EVAL.releases()})")
     install_order(vllm_causallms)
     wrap(cls, "generate_until", partial(_probed_generate_until, vllm_causallms=vllm_causallms))
     wrap(cls, "_model_generate", partial(_probed_model_generate, vllm_causallms=vllm_causallms))
@@ -484,6 +478,6 @@ INTEGRATION = Integration(
     waits_for="lm_eval.models.vllm_causallms",
     install=install_vllm,
     uninstall=uninstall_vllm,
-    tested=LM_EVAL,
+    tested=(LM_EVAL, VLLM),
     unprobed="lm-eval's vLLM backend",
 )
