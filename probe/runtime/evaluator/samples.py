@@ -2,7 +2,7 @@
 
 lm-eval writes a blank as ``""``, like a model's own empty answer, so each logged sample with a
 blank among its answers gets one more key, ``EVIDENCE_KEY``: how many of its answers the probe
-made up. lm-eval's readers ignore a key they do not know; a sample without it holds only the
+made up (a blank answer). lm-eval's readers ignore a key they do not know; a sample without it holds only the
 model's answers.
 """
 

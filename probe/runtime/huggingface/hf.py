@@ -339,7 +339,7 @@ def _blanking_postprocess(original: Callable) -> Callable:
     def postprocess_generated_text(*args: Any, **kwargs: Any) -> Any:
         plan = _PLAN.get()
         if plan is not None and plan.blank and plan.blank.popleft():
-            return BLANK  # a made-up answer, of the type both cache layers refuse
+            return BLANK  # a blank answer, of the type both cache layers refuse
         return original(*args, **kwargs)
 
     return mark(postprocess_generated_text, original)

@@ -433,9 +433,9 @@ def hook_engine(llm: Any) -> Any:
         return None
 
 
-def _keeping_made_up_answers(original: Callable) -> Callable:
+def _keeping_blank_answers(original: Callable) -> Callable:
     def postprocess_generated_text(generation: Any, *args: Any, **kwargs: Any) -> Any:
-        # lm-eval cuts stop sequences off with str.split, which would turn a made-up answer
+        # lm-eval cuts stop sequences off with str.split, which would turn a blank answer
         # into a plain "" that both cache layers would then store as the model's answer.
         if isinstance(generation, BlankAnswer):
             return generation
@@ -465,7 +465,7 @@ def install_vllm(vllm_causallms: Any) -> None:
     wrap(cls, "_model_generate", partial(_probed_model_generate, vllm_causallms=vllm_causallms))
     if not is_ours_within(modify):
         replace(cls, "modify_gen_kwargs", staticmethod(_recording_modify_gen_kwargs(modify.__func__)))
-    wrap(vllm_causallms, "postprocess_generated_text", _keeping_made_up_answers)
+    wrap(vllm_causallms, "postprocess_generated_text", _keeping_blank_answers)
 
 
 def uninstall_vllm(vllm_causallms: Any) -> None:
