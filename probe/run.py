@@ -20,8 +20,8 @@ from probe.inject import sitecustomize_text
 from probe.lmeval_args import results_dir_of
 from probe.runtime.core.contract import ENV_REPORT, ENV_SWITCH, RESULT_DIR_VARS, read_settings
 from probe.runtime.scope.log import PREFIX
-from probe.runtime.scope.report import forward_report
-from probe.summary import signal_name, summary
+from probe.runtime.scope.report import forward_report, note_nested
+from probe.summary import shown, signal_name, summary
 
 # SIGQUIT too: Ctrl-\ at a terminal reaches only eval-probe (the command has a session of its own).
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -67,6 +67,8 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
         env[RESULT_DIR_VARS[0]] = str(result)
         outer = env.get(ENV_REPORT)  # under another eval-probe run: its report hears of this one's evaluations
         env[ENV_REPORT] = str(report)
+        if outer:  # read from there even if this one is killed; forwarded to it when this one ends
+            note_nested(outer, str(report))
         settings, _ = read_settings(env)
         switched_off = "" if settings.enabled else env.get(ENV_SWITCH, "")
         for flag in _unhooking_flags(command):
@@ -199,7 +201,7 @@ def _announcement(command: list[str], result: Path, switched_off: str) -> str:
     """The line that starts the command: whether the probe is on, and where its sidecar and
     lm-eval's results go (two places when ``--result-dir`` is not the command's output path)."""
     if switched_off:
-        return f"probe switched off ({ENV_SWITCH}={switched_off}): nothing will be watched"
+        return f"probe switched off ({ENV_SWITCH}={switched_off}): nothing is watched unless the command switches it on"
     output = results_dir_of(command)
     if output is not None and os.path.realpath(output) != os.path.realpath(result):
         return f"probe active; its sidecar goes to {result}, lm-eval's results to {os.path.abspath(output)}"
@@ -289,4 +291,4 @@ def _after_env(command: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _say(message: str) -> None:
-    print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
+    print(f"{PREFIX} {shown(message)}", file=sys.stderr, flush=True)

@@ -23,7 +23,7 @@ from probe.reader.sidecar import Sidecar, read_sidecar, read_trip_records
 from probe.runtime.core.contract import ENV_SWITCH, EVIDENCE_KEY, SIDECAR_NAME, cause_words
 from probe.runtime.core.evidence import is_pathological
 from probe.runtime.core.sidecar import is_count
-from probe.runtime.scope.report import noted_trips, read_report, saved_results
+from probe.runtime.scope.report import read_notes, read_report
 
 # What to read when the directory is not known.
 _ITS_DIRECTORY = "its results directory"
@@ -51,7 +51,13 @@ class Summary:
             sentences[-1] += f"; still running then: {self.still_running} process(es) it started (listed above)"
         if self.reads:
             sentences.append("Next: " + "; ".join(f"eval-probe read {where}" for where in self.reads))
-        return ". ".join(sentences)
+        return shown(". ".join(sentences))
+
+
+def shown(text: str) -> str:
+    """``text`` on one line, as it may be printed: what does not print (a newline, an escape
+    sequence in a path) is written as its escape."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def summary(
@@ -66,28 +72,52 @@ def summary(
 
 @dataclass(frozen=True)
 class _Command:
-    """What the command's own evaluations left: the report's evaluations, their run identities
-    (and those of the trips noted before their records were written), where lm-eval saved their
-    results, and their trip records, found by run identity wherever they lie."""
+    """What the command's own evaluations left: the reports' evaluations (its own report's, and
+    those of ``eval-probe run`` commands nested in it), their run identities (and those of the
+    trips noted before their records were written), where lm-eval saved their results, where
+    each noted trip was to write its record, and the records of those identities, found wherever
+    they lie."""
 
     evaluations: list[dict[str, Any]]
     ours: set[str]
     unreported: list[str]
     saved: list[str]
+    noted_places: list[str]
     records: list[Sidecar]
+    active: bool  # the probe was active (installed on lm-eval or vLLM) in a process of the command
+
+
+# How many nested eval-probe run reports are read, at most (each names its own; any process may write).
+_NESTED = 32
 
 
 def _command(result_dir: Path, report: Path) -> _Command:
-    evaluations = read_report(str(report))
-    noted = noted_trips(str(report))
+    reports, evaluations, seen = [str(report)], [], set()
+    tripping: dict[str, str | None] = {}
+    saved: dict[str, list[str]] = {}
+    for path in reports:
+        for evaluation in read_report(path):
+            run = evaluation.get("run_id")
+            if not isinstance(run, str) or run not in seen:  # a nested report is also forwarded once it ends
+                seen.add(run)
+                evaluations.append(evaluation)
+        notes = read_notes(path)
+        tripping.update(notes.tripping)
+        for run, paths in notes.saved.items():
+            saved.setdefault(run, []).extend(paths)
+        reports += [n for n in notes.nested if n not in reports][: _NESTED - len(reports)]
     reported = {e.get("run_id") for e in evaluations}
-    ours = {run for run in reported | noted if isinstance(run, str)}
-    saved = [results_dir_at(path) for run, paths in saved_results(str(report)).items() if run in ours for path in paths]
-    # Trip records are looked for in the results directory and where the report says each one went.
-    places = [result_dir, *(Path(path).parent for path in _named_records(evaluations))]
-    found = [r for place in _once(places) for r in read_trip_records(place) if r.state is SidecarState.VALID]
-    records = [r for r in found if r.trip.get("run_id") in ours]
-    return _Command(evaluations, ours, sorted(noted - reported), _once(saved), _once_by_path(records))
+    ours = {run for run in reported | set(tripping) if isinstance(run, str)}
+    places = [where for run, where in tripping.items() if where]
+    # Trip records are looked for in the results directory, and where the notes and reports say each went.
+    found_in = [result_dir, *(Path(p).parent for p in [*places, *_named_records(evaluations)])]
+    found = [r for place in _once(found_in) for r in read_trip_records(place) if r.state is SidecarState.VALID]
+    return _Command(
+        evaluations, ours, sorted(set(tripping) - reported),
+        _once([results_dir_at(path) for run, paths in saved.items() if run in ours for path in paths]), places,
+        _once_by_path([r for r in found if r.trip.get("run_id") in ours]),
+        any(os.path.lexists(f"{path}.active") for path in reports),
+    )  # fmt: skip
 
 
 def summarise(
@@ -105,24 +135,28 @@ def summarise(
     if command.records:
         return _tripped(result_dir, command, here, common)
     tripped = [e for e in command.evaluations if e.get("tripped") is True]
-    if command.unreported:  # it tripped, then its process ended before it reported (killed, os._exit)
-        return Summary(
-            f"TRIPPED in {len(command.unreported)} evaluation(s) that ended before they reported (run "
-            f"{', '.join(command.unreported)}), whose trip record is not in {result_dir}",
-            command.saved or ("the results directory of that run",), **common,
-        )  # fmt: skip
-    if tripped:  # the report says so, but no record of its run identity was found
+    if tripped:  # the report says so, but no record of its run identity is found now
         named = _named_records(tripped)
         return Summary(
-            f"TRIPPED in {len(tripped)} of {len(command.evaluations)} evaluation(s), whose trip record is not in "
-            f"{result_dir}: " + ("; ".join(named) if named else "written by another process of the run"),
+            f"TRIPPED in {len(tripped)} of {len(command.evaluations)} evaluation(s), the probe's report says, but "
+            f"no trip record of theirs is found now ("
+            + (f"it was written to {'; '.join(named)}, and has been moved or removed" if named
+               else "written by another process of the run") + ")",
             _once([str(Path(path).parent) for path in named] + command.saved) or (_ITS_DIRECTORY,), **common,
+        )  # fmt: skip
+    if command.unreported:  # a trip was noted, then its process ended before it reported, and no record is found
+        return Summary(
+            f"not known: a trip of run {', '.join(command.unreported)} was noted, but its process ended before "
+            "it reported, and its trip record is not found"
+            + (f" where it was to be written ({'; '.join(command.noted_places)})" if command.noted_places else "")
+            + ": it was removed, or never written (then nothing was answered blank)",
+            tuple(command.saved), **common,
         )  # fmt: skip
     if still_running:
         return Summary("not known yet (no trip record of this run so far): read it once they finish",
                        (str(result_dir),), **common)  # fmt: skip
     if not command.evaluations:
-        return _nothing_reported(result_dir, report, switched_off, common)
+        return _nothing_reported(result_dir, report, command.active, switched_off, common)
     if not _as_written(command.evaluations):
         return Summary(f"not known: no evaluation in the probe's report {report} says it tripped, but its figures "
                        "are not as the probe writes them", (str(result_dir),), **common)  # fmt: skip
@@ -174,7 +208,9 @@ def _short_circuited(command: _Command, first: Sidecar) -> str:
     return str(count) if is_count(count) else "?"
 
 
-def _nothing_reported(result_dir: Path, report: Path, switched_off: str, common: dict[str, Any]) -> Summary:
+def _nothing_reported(
+    result_dir: Path, report: Path, active: bool, switched_off: str, common: dict[str, Any]
+) -> Summary:
     """No evaluation of the command reported, and none tripped: why, as far as it is known."""
     if os.path.lexists(report):  # the probe writes one only with evaluations in it
         return Summary(f"not known: the probe's report {report} cannot be read as one it writes",
@@ -182,7 +218,7 @@ def _nothing_reported(result_dir: Path, report: Path, switched_off: str, common:
     if switched_off:
         return Summary(f"NOT WATCHED: the probe was switched off ({ENV_SWITCH}={switched_off}), so it observed "
                        "nothing", **common)  # fmt: skip
-    if not os.path.lexists(f"{report}.active"):
+    if not active:
         return Summary(
             "NOT WATCHED: the probe was active in no process of the command (no lm-eval ran, or it ran where "
             "PYTHONPATH does not reach: python -I, -E or -S, sudo, env -i, a container, a remote shell), so it "

@@ -263,9 +263,10 @@ EVALUATION = {"schema_version": 1, "tripped": False, "groups": [GROUP], "tasks":
 @pytest.mark.parametrize(
     ("report", "expected"),
     [({"evaluations": [{"tripped": True, "sidecar": "/r/x.json", "groups": None, "tasks": []}]},
-      "summary: TRIPPED in 1 of 1 evaluation(s), whose trip record is not in "),
+      "summary: TRIPPED in 1 of 1 evaluation(s), the probe's report says, but no trip record of theirs is found "
+      "now (it was written to /r/x.json, and has been moved or removed)"),
      ({"evaluations": [{"tripped": True, "sidecar": "/r/x.json\nsummary: the probe did not trip", "groups": []}]},
-      "written by another process of the run. Next: eval-probe read its results directory"),
+      "(written by another process of the run). Next: eval-probe read its results directory"),
      ({"evaluations": [{**EVALUATION, "tasks": {"t": {**TASK, "cut_off_rate": "high"}}}]}, NOT_AS_WRITTEN),
      ({"evaluations": [{**EVALUATION, "tasks": {"t": {**TASK, "cut_off_rate": 10**400}}}]}, NOT_AS_WRITTEN),
      ({"evaluations": [{**EVALUATION, "groups": [GROUP, {**GROUP, "observations": 10**4000}]}]},
@@ -527,6 +528,56 @@ def test_a_trip_record_moved_aside_by_a_concurrent_run_is_still_this_commands(tm
     line = summary(results, report)
     assert line.startswith("summary: TRIPPED (non_terminating)") and f"Sidecar: {moved}" in line, line
     assert f"The sidecar {results / contract.SIDECAR_NAME} is another run's, not this one's" in line, line
+
+
+@pytest.mark.parametrize(
+    "notes",
+    [
+        ["0123abcd.42"],  # forged by the command: no record, no report
+        ['{"tripping": "0123abcd.42", "sidecar": "/sys/kernel/hyperloom_eval_probe.json"}',
+         '{"not_applied": "0123abcd.42"}'],  # the record could not be written: TRIP NOT APPLIED, then killed
+    ],
+)  # fmt: skip
+def test_a_trip_noted_without_a_record_is_never_called_tripped(tmp_path: Path, notes: list[str]) -> None:
+    # Hostile round 4: "TRIPPED in 1 evaluation(s) that ended before they reported" where nothing
+    # was answered blank (a claim that failed, then a kill), or from one forged line.
+    report = tmp_path / "observed.json"
+    (tmp_path / "observed.json.active").write_text("".join(f"{line}\n" for line in notes))
+    line = summary(tmp_path / "results", report)
+    assert "TRIPPED" not in line and "did not trip" not in line, line
+
+
+def test_what_a_path_holds_never_breaks_the_summary_line(tmp_path: Path) -> None:
+    results = tmp_path / "out\nsummary: the probe did not trip\x1b[2K"
+    line = summary(results, tmp_path / "observed.json", still_running=1)  # then it names the directory
+    assert "\n" not in line and "\x1b" not in line and "out\\nsummary" in line, line
+
+
+def test_a_killed_nested_eval_probe_run_still_tells_the_outer_one(sim, local_task, tmp_path: Path) -> None:
+    # Hostile round 4: the inner run, killed (timeout -s KILL), never forwarded its report, and the
+    # outer one said NOT WATCHED, calling the trip record another run's.
+    server, output = sim("never_stop"), tmp_path / "out"
+    lm_eval = shlex.join(local_task.lm_eval_command(server.base_url, "sim", output, 2048, 16))
+    # The inner run outlives its lm-eval (a script's later step), and is killed there.
+    inner = shlex.join([PYTHON, "-m", "probe", "run", "--", "bash", "-c", f"{lm_eval}; sleep 60"])
+    done = shlex.quote(str(output))
+    script = (f"{inner} & pid=$!; until ls {done}/*/results_*.json >/dev/null 2>&1; do sleep 0.2; done; "
+              "sleep 1; kill -KILL $pid; wait $pid")  # fmt: skip
+    run = eval_probe_run(tmp_path, "bash", "-c", script)
+    assert run.returncode == 128 + signal.SIGKILL, run.stderr[-3000:]
+    [line] = [line for line in run.stderr.splitlines() if "summary:" in line]
+    assert "summary: TRIPPED" in line and f"eval-probe read {output}" in line, line
+    assert "another run's" not in line and "NOT WATCHED" not in line, line
+
+
+def test_a_save_that_failed_is_never_named_as_where_results_are(sim, local_task, tmp_path: Path) -> None:
+    # lm-eval logs "Could not save results aggregated" and goes on: nothing is there to read.
+    server, blocker = sim("healthy"), tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", blocker / "res", 2048, 8))
+    assert run.returncode == 0, run.stderr[-3000:]
+    [line] = [line for line in run.stderr.splitlines() if "summary:" in line]
+    assert "the probe did not trip" in line and "eval-probe read" not in line, line
 
 
 def test_the_summary_never_calls_a_flag_cut_off(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def test_answers_partly_replayed_from_the_cache_never_pass_the_cap_rate_stop(tmp
     evaluate(task, "healthy", tmp_path / "second", "--use_cache", cache)  # 20 replayed, 20 generated
     code, (verdict,) = read(tmp_path / "second", "--cap-rate-fails", "--max-cap-rate", "0.05")
     assert verdict["status"] == "unavailable" and "of the 40 generations lm-eval scored" in verdict["reason"]
-    assert code == 2
+    assert code == 2 and verdict["cap_rate"] is None
     # Without the stop, the score stands, but the rate over the half it saw is never shown as the task's.
     code, (verdict,) = read(tmp_path / "second", "--max-cap-rate", "0.05")
     assert verdict["cap_rate"] is None and "20 of the 40 generations lm-eval scored" in verdict["reason"]

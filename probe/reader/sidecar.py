@@ -92,7 +92,7 @@ def read_trip_record(root: Path, path: Path, now: float | None = None) -> Sideca
     """The trip record file at ``path`` inside ``root``, judged as :func:`read_sidecar` says."""
     try:
         os.lstat(path)  # a dangling link is something at the path, not nothing
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there, nor can be (a file where a directory is)
         return Sidecar(SidecarState.ABSENT, path)
     except OSError as error:
         return Sidecar(SidecarState.UNREADABLE, path, error=f"{path}: {error.strerror or error}")

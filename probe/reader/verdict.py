@@ -165,8 +165,9 @@ class _Judge:
         words = trip_words(trip.record)
         return self.verdict(
             Source(run_id=trip.run_id, trip_record=trip.path, model=trip.model), Status.BELOW_FLOOR,
-            f"{words.reason} (the probe tripped); and no results file of this run {_NO_RESULTS}: it ended before "
-            "lm-eval wrote one", cause=words.cause, pathology=_pathology(trip, None),
+            f"{words.reason} (the probe tripped); and no results file of this run {_NO_RESULTS} here: it ended "
+            "before lm-eval wrote one, or lm-eval wrote it elsewhere (its --output_path)", cause=words.cause,
+            pathology=_pathology(trip, None),
             sidecar=SidecarView(SidecarState.VALID, trip.path), evidence_status=Status.BELOW_FLOOR,
         )  # fmt: skip
 
@@ -255,11 +256,12 @@ class _Judge:
             return self.unavailable(source, f"lm-eval records {side} as better for {metric!r}: {how}, and a floor on "
                                     "its scale", **base)  # fmt: skip
         unseen = self.unobserved(c, task, figures)
+        if unseen and c.evidence is not None:  # a rate over the generations it saw is not the task's
+            base["cap_rate"] = None
         if unseen and options.cap_rate_fails:
             return self.unavailable(source, f"{unseen}: its cap rate is unknown, and --cap-rate-fails lets none "
                                     "through", **base)  # fmt: skip
-        if unseen and c.evidence is not None:  # a rate over the generations it saw is not the task's
-            base["cap_rate"] = None
+        if unseen and c.evidence is not None:
             return self.score(source, value, figures, self.caveat(figures, value),
                               unknown=f"{unseen}: its cap rate is unknown", **base)  # fmt: skip
         return self.score(source, value, figures, self.caveat(figures, value), **base)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from probe.runtime.core.contract import EVIDENCE_KEY
@@ -41,8 +42,12 @@ def _note_where(tracker: Any, results: Any) -> None:
     output_path = getattr(tracker, "output_path", None)
     evidence = results.get(EVIDENCE_KEY) if isinstance(results, dict) else None
     run_id = evidence.get("run_id") if isinstance(evidence, dict) else None
-    if output_path and isinstance(output_path, str | os.PathLike) and isinstance(run_id, str):
-        note_saved(run_id, os.fspath(output_path))
+    if not (output_path and isinstance(output_path, str | os.PathLike) and isinstance(run_id, str)):
+        return
+    where = os.path.abspath(os.fspath(output_path))
+    # lm-eval logs a failed save and goes on: a directory it never made holds nothing to read.
+    if os.path.isdir(os.path.dirname(where) if PurePath(where).suffix == ".json" else where):
+        note_saved(run_id, where)
 
 
 def carry_evidence(evaluation_tracker: Any) -> None:

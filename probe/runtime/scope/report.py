@@ -13,6 +13,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from probe.runtime.core.contract import ENV_REPORT, PROBE_VERSION, SCHEMA_VERSION
@@ -94,32 +95,80 @@ def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
         )
 
 
-def note_trip(run_id: str) -> None:
-    """Under ``eval-probe run``: add ``run_id`` to ``REPORT.active`` before its trip record is written.
-
-    So the record is known as the command's even if its process is killed before it reports.
-    Never raises.
-    """
-    path = os.environ.get(ENV_REPORT)
-    if path:
-        with contextlib.suppress(OSError), os.fdopen(_open(f"{path}.active", _APPEND), "a") as noted:
-            noted.write(f"{run_id}\n")
-
-
-def note_saved(run_id: str, output_path: str) -> None:
-    """Under ``eval-probe run``: add to ``REPORT.active`` that lm-eval saved the results of
-    evaluation ``run_id`` at ``output_path`` (made absolute here, where lm-eval resolves it).
-    Never raises."""
+def _note(entry: dict[str, Any]) -> None:
+    """Under ``eval-probe run``: add ``entry`` as one line to ``REPORT.active``; never raises."""
     path = os.environ.get(ENV_REPORT)
     if path:
         with contextlib.suppress(OSError, ValueError, TypeError):
-            line = json.dumps({"run_id": run_id, "saved": os.path.abspath(output_path)})
+            line = json.dumps(entry)
             with os.fdopen(_open(f"{path}.active", _APPEND), "a") as noted:
                 noted.write(line + "\n")
 
 
+def note_trip(run_id: str, sidecar: str) -> None:
+    """Note that evaluation ``run_id`` is about to write its trip record at ``sidecar``: the
+    record is then known as the command's even if its process is killed before it reports."""
+    _note({"tripping": run_id, "sidecar": sidecar})
+
+
+def note_not_applied(run_id: str) -> None:
+    """Note that the trip of ``run_id`` was not applied (its record could not be written)."""
+    _note({"not_applied": run_id})
+
+
+def note_saved(run_id: str, output_path: str) -> None:
+    """Note that lm-eval saved the results of ``run_id`` at ``output_path`` (made absolute here,
+    where lm-eval resolves it)."""
+    _note({"run_id": run_id, "saved": os.path.abspath(output_path)})
+
+
+def note_nested(outer: str, inner: str) -> None:
+    """Note, beside the report at ``outer``, that an ``eval-probe run`` inside it reports to
+    ``inner``: the outer one reads it too, even when the inner one is killed."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        line = json.dumps({"nested": inner})
+        with os.fdopen(_open(f"{outer}.active", _APPEND), "a") as noted:
+            noted.write(line + "\n")
+
+
+@dataclass
+class Notes:
+    """What the processes of one command noted beside its report: the trips about to be written
+    (run identity: where), where lm-eval saved results (run identity: paths), and the reports of
+    ``eval-probe run`` commands nested in it. Any process may write there: only well-formed
+    entries count, and a path only when it prints as one line."""
+
+    tripping: dict[str, str | None] = field(default_factory=dict)
+    saved: dict[str, list[str]] = field(default_factory=dict)
+    nested: list[str] = field(default_factory=list)
+
+
+def read_notes(path: str) -> Notes:
+    """The notes beside the report at ``path``, in the order they were written (a trip noted,
+    then not applied, is not noted)."""
+    notes = Notes()
+    for line in _noted(path):
+        if _is_run_id(line):  # a trip noted by identity alone
+            notes.tripping[line] = None
+            continue
+        with contextlib.suppress(ValueError, RecursionError):
+            entry = json.loads(line) if line.startswith("{") else None
+            if not isinstance(entry, dict):
+                continue
+            where = next((entry[k] for k in ("sidecar", "saved", "nested") if _a_path(entry.get(k))), None)
+            if _is_run_id(entry.get("tripping")):
+                notes.tripping[entry["tripping"]] = where
+            elif _is_run_id(entry.get("not_applied")):
+                notes.tripping.pop(entry["not_applied"], None)
+            elif _is_run_id(entry.get("run_id")) and where:
+                notes.saved.setdefault(entry["run_id"], []).append(where)
+            elif where and "nested" in entry:
+                notes.nested.append(where)
+    return notes
+
+
 def _noted(path: str) -> list[str]:
-    """The lines beside the report at ``path`` (``note_trip``, ``note_saved``)."""
+    """The lines beside the report at ``path``."""
     try:
         with os.fdopen(_open(f"{path}.active", os.O_RDONLY), encoding="utf-8", errors="replace") as noted:
             return noted.read(MAX_REPORT_BYTES).splitlines()
@@ -132,21 +181,14 @@ def _is_run_id(value: object) -> bool:
     return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{1,64}\.[0-9]{1,10}", value, re.ASCII) is not None
 
 
+def _a_path(value: object) -> bool:
+    """An absolute path that prints as one line (U+FFFD is what undecodable bytes became)."""
+    return isinstance(value, str) and os.path.isabs(value) and value.isprintable() and "\ufffd" not in value
+
+
 def noted_trips(path: str) -> set[str]:
-    """The run identities ``note_trip`` added beside the report at ``path``."""
-    return {line for line in _noted(path) if _is_run_id(line)}
-
-
-def saved_results(path: str) -> dict[str, list[str]]:
-    """Where lm-eval saved each evaluation's results (``note_saved``), by run identity."""
-    found: dict[str, list[str]] = {}
-    for line in _noted(path):
-        with contextlib.suppress(ValueError, RecursionError):
-            entry = json.loads(line) if line.startswith("{") else None
-            saved = entry.get("saved") if isinstance(entry, dict) else None
-            if _is_run_id(entry and entry.get("run_id")) and isinstance(saved, str) and saved.isprintable():
-                found.setdefault(entry["run_id"], []).append(saved)
-    return found
+    """The run identities whose trip was noted beside the report at ``path``, and not withdrawn."""
+    return set(read_notes(path).tripping)
 
 
 def mark_active() -> None:
@@ -181,8 +223,8 @@ def settle(scopes: Iterable[Any]) -> None:
 
 def forward_report(path: str, outer: str) -> None:
     """Add the report at ``path`` (its evaluations, and the notes beside it) to the report at
-    ``outer``: an ``eval-probe run`` inside another tells the outer one what it watched.
-    Never raises."""
+    ``outer``, before ``path`` goes: an ``eval-probe run`` inside another that ends tells the
+    outer one what it watched. Never raises."""
     with contextlib.suppress(OSError, ValueError):
         evaluations = read_report(path)
         if evaluations:

@@ -37,7 +37,7 @@ from probe.runtime.scope.gate import Gates
 from probe.runtime.scope.groups import GIVEN, PREDICTED, READ, UNREADABLE, Group, Groups, Request, group_key
 from probe.runtime.scope.log import ErrorReports, say
 from probe.runtime.scope.ownership import SidecarOwnership
-from probe.runtime.scope.report import note_trip
+from probe.runtime.scope.report import note_not_applied, note_trip
 from probe.runtime.scope.tasks import TaskBook
 
 
@@ -367,10 +367,11 @@ class Probe:
             )
         )  # fmt: skip
         evidence, advice = _evidence(group), cause_words(main_cause(figures["causes"]))[1]
-        note_trip(self.run_id)
+        note_trip(self.run_id, path)
         try:
             where = self.ownership.claim(path, document)
         except Exception as error:
+            note_not_applied(self.run_id)
             group.trip_failed = True
             say(
                 f"TRIP NOT APPLIED: the rule fired ({evidence}), but the sidecar {path} could not be written "
