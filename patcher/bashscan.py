@@ -1,13 +1,9 @@
 """Just enough of bash's lexer to tell, for every line, whether it starts a new command.
 
-The patcher must never put its block inside a here-document, a multi-line string or a
-command substitution, and never take a line inside one for its anchor. This scanner follows
-what decides that: here-documents (``<<WORD``, ``<<'WORD'``, ``<<"WORD"``, ``<<-WORD``,
-several on one line), quotes (``'...'``, ``"..."``, ``$'...'``), backslashes, comments,
-``$(...)``, ``${...}``, ``$((...))``, ``((...))``, backticks and process substitutions.
-Where bash's rules get subtle (a here-document opened inside a quote or backticks, ``case``
-inside ``$(...)``, a here-document that never ends) it raises ``PatchError(UNSURE_SHELL)``
-instead of guessing.
+The patcher must never put its block inside a here-document, a multi-line string or a command
+substitution. Nor may it take a line inside one for its anchor. This scanner follows here-documents,
+quotes, backslashes, comments, substitutions and backticks. Where bash's rules get subtle, it raises
+``PatchError(UNSURE_SHELL)`` instead of guessing. See docs/cli.md.
 """
 
 from __future__ import annotations

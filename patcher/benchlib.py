@@ -35,8 +35,10 @@ class Status:
 
 
 def _commands(lines: list[str], shell: list[Line] | None = None) -> list[str]:
-    """``lines`` with every line that does not start a shell command blanked (same indices):
-    here-document bodies, continued lines and the inside of multi-line strings."""
+    """``lines`` with every line that does not start a shell command blanked, same indices.
+
+    Blanked are here-document bodies, continued lines and the inside of multi-line strings.
+    """
     shell = scan("".join(lines)) if shell is None else shell
     return [line if seen.command else "\n" for line, seen in zip(lines, shell, strict=True)]
 
@@ -66,9 +68,8 @@ def unpatch(text: str) -> str:
 def _locate(lines: list[str]) -> tuple[int, str]:
     """The anchor's line index and the sitecustomize.py path expression to append to.
 
-    Only lines that start a shell command count (never a line inside a here-document or a
-    multi-line string), and the path is read from code only (never from a comment, a
-    here-document or a single-quoted string, where ``$dir`` is not expanded).
+    Only lines that start a shell command count. The path is read from code only: never from a
+    comment, a here-document or a single-quoted string, where ``$dir`` is not expanded.
     """
     shell = scan("".join(lines))
     commands = _commands(lines, shell)

@@ -81,11 +81,12 @@ def _make_directory(directory: Path) -> bool:
 
 
 def _shadowing(directory: Path) -> Path | None:
-    """What Python finds as ``sitecustomize`` in ``directory`` ahead of ``sitecustomize.py``
-    (a regular package, an extension module), or None when the file would be the one imported.
+    """What Python would import as ``sitecustomize`` from ``directory`` instead of
+    ``sitecustomize.py``.
 
-    Asked of a fresh FileFinder (no cached listing), the one Python uses for a path entry: a
-    package directory comes first, then extension modules, then source, then bytecode.
+    That is a regular package or an extension module; None when the file would be imported. It asks
+    a fresh FileFinder, the one Python uses for a path entry. Its order is package, extension
+    modules, source, bytecode.
     """
     loaders = (
         (ExtensionFileLoader, EXTENSION_SUFFIXES),

@@ -1,10 +1,10 @@
-"""Writing someone else's file safely: locked, syntax-checked, atomically, keeping its mode and owner.
+"""Writing someone else's file safely: locked, syntax-checked, atomically, keeping its mode and
+owner.
 
-Nothing here follows a link it was not asked to follow, and nothing is written outside the
-directory of the file being changed: a symlinked file is changed at its target (the link
-stays a link), the temporary file is created exclusively under an unpredictable name beside
-that target, and the lock is taken on that directory itself, so there is no lock file to
-plant a link at or to leave behind.
+Nothing here follows a link it was not asked to follow. Nothing is written outside the directory of
+the file being changed. A symlinked file is changed at its target, and the link stays a link. The
+temporary file is created exclusively, under an unpredictable name, beside that target. The lock is
+taken on that directory itself, so no lock file can be planted or left behind. See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -130,8 +130,10 @@ def _keep_owner_and_mode(handle: int, path: Path, info: os.stat_result) -> None:
 
 
 def _umask() -> int:
-    """This process's umask, read without changing it where Linux shows it (``os.umask`` can
-    only set it, and setting it for a moment would race with other threads)."""
+    """This process's umask, read without changing it where Linux shows it.
+
+    ``os.umask`` can only set it, and setting it for a moment would race with other threads.
+    """
     with contextlib.suppress(OSError, ValueError, StopIteration):
         status = Path("/proc/self/status").read_text(encoding="ascii", errors="replace").splitlines()
         return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
@@ -146,13 +148,12 @@ def new_file_mode() -> int:
 
 
 def replace(path: Path, text: str, check: Callable[[Path], str | None] | None = None) -> None:
-    """Atomically replace the file ``path`` (not a symlink: see ``target``) with ``text``,
-    keeping its permission bits and owner; when it cannot keep them, it writes nothing. A file
-    that did not exist gets the bits an ordinary new file would (``new_file_mode``), never the
-    temporary file's 0600: others (lm-eval run as another user) must be able to read it.
+    """Atomically replace the file ``path`` with ``text``, keeping its permission bits and owner.
 
-    The text goes to a new temporary file in the same directory; when ``check`` reports a
-    problem with it, nothing is written and PatchError is raised.
+    ``path`` is not a symlink: see ``target``. When the bits or owner cannot be kept, nothing is
+    written. A new file gets an ordinary new file's bits (``new_file_mode``), never the temporary
+    file's 0600. Others, such as lm-eval run as another user, must be able to read it. When
+    ``check`` reports a problem, nothing is written and PatchError is raised.
     """
     try:
         info: os.stat_result | None = os.lstat(path)

@@ -1,5 +1,8 @@
-"""Every exit code of ``eval-probe``, in one table: the CLI returns these values, and
-``--help`` and the README are made from, or checked against, this table."""
+"""Every exit code of ``eval-probe``, in one table.
+
+The CLI returns these values. ``--help`` and the README are made from, or checked against, this
+table. See docs/exit-codes.md.
+"""
 
 from __future__ import annotations
 

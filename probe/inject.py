@@ -1,24 +1,10 @@
 """Builds the text injected into a sitecustomize.py from the runtime's own source files.
 
-One source of truth: the text is made from the files in ``probe/runtime/`` every time it is
-needed, never kept as a second copy. The start-up stub (``bootstrap.py``) runs in a
-namespace of its own, and the other modules become the private package
-``_hyperloom_eval_probe``: their imports of one another (``probe.runtime.X``) are renamed
-to it, so they never depend on ``probe`` being importable where they run.
-
-Every Python process that has the file compiles it from source at start-up, lm-eval or not,
-so the modules travel packed (JSON, zlib, base85: about a third of their size, and one
-string token): the stub and the chain stay readable, and ``eval-probe body --sources``
-prints the modules as they run.
-
-The chain (``runtime/hooking/chain.py``) goes only into a sitecustomize.py the probe creates itself
-(``eval-probe install`` into an empty directory, ``eval-probe run``): only one
-``sitecustomize`` is ever imported, so a directory put first on PYTHONPATH would otherwise
-disable the user's or the distribution's start-up code. Such a file says so on its second
-line (``chain.MADE_BY_PROBE``), and the chain skips every file that holds nothing but such a
-block: its probe would stand down (the runtime activates once per process) and its chaining
-would never run, so the start-up code below it would be lost; before the skip, two such
-files chained into each other until RecursionError.
+The text is made from ``probe/runtime/`` each time, never kept as a second copy. The start-up stub
+runs in a namespace of its own. The other modules become the private package
+``_hyperloom_eval_probe``, so they never need ``probe`` where they run. They travel packed, so every
+process compiles the file cheaply. The chain goes only into a sitecustomize.py the probe creates
+itself. See docs/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -103,10 +89,10 @@ def body_digest() -> str:
 def sitecustomize_text(chain: bool = False) -> str:
     """The exact block injected into a sitecustomize.py, markers included.
 
-    ``chain=True`` is for a sitecustomize.py the probe creates itself (``install`` into an
-    empty directory, ``run``): it then also runs the sitecustomize.py it shadows, and says
-    on its second line that the probe made it (``chain.MADE_BY_PROBE``), so that another
-    probe-made file's chaining skips it.
+    ``chain=True`` is for a sitecustomize.py the probe creates itself (``install`` into an empty
+    directory, ``run``). It then also runs the sitecustomize.py it shadows. Its second line says the
+    probe made it (``chain.MADE_BY_PROBE``), so another probe-made file's chaining skips it. See
+    docs/how-it-works.md.
     """
     bootstrap = _literal(_source("hooking.bootstrap"), "bootstrap.py")
     chained = _literal(_source("hooking.chain"), "chain.py") if chain else '""'

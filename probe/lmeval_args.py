@@ -1,11 +1,9 @@
 """Where an lm-eval command line puts its results, read the way lm-eval's own parser reads it.
 
-lm-eval parses its options with argparse, so ``--output DIR``, ``--out=DIR``, ``-oDIR``,
-``-o=DIR`` and ``-so DIR`` all name its output path. Rather than list spellings, this module
-rebuilds lm-eval's option table in a neutral argparse parser (no types, no actions with side
-effects) and lets argparse do what it does for lm-eval. The table comes from the lm-eval
-importable here when there is one, else from a copy of 0.4.13's (``FALLBACK``), so that
-``eval-probe run`` works where lm-eval is not installed.
+lm-eval parses its options with argparse, so many spellings name its output path. This module
+rebuilds lm-eval's option table in a neutral argparse parser and lets argparse decide. The table
+comes from the lm-eval importable here, else from a copy of 0.4.13's (``FALLBACK``). See
+docs/cli.md.
 """
 
 from __future__ import annotations
@@ -83,8 +81,11 @@ def _parser(options: Sequence[Option]) -> _NeutralParser:
 
 
 def lm_eval_arguments(command: Sequence[str]) -> list[str]:
-    """The words of ``command`` that lm-eval parses: after ``lm_eval``/``lm-eval`` or ``-m lm_eval``
-    (and a ``run`` subcommand), or all but the first word when lm-eval's entry is not visible."""
+    """The words of ``command`` that lm-eval parses.
+
+    They follow ``lm_eval``, ``lm-eval`` or ``-m lm_eval``, and a ``run`` subcommand. When lm-eval's
+    entry is not visible, they are all but the first word.
+    """
     rest = list(command[1:])
     for i, word in enumerate(command):
         if os.path.basename(word) in _PROGRAMS:
@@ -122,9 +123,12 @@ def results_dir_of(command: Sequence[str], options: Sequence[Option] | None = No
 
 
 def results_dir_at(output_path: str) -> str:
-    """The directory to read for lm-eval's ``output_path``: the path itself, or the directory of
-    one whose suffix is ``.json`` as ``pathlib`` tells it (``res.json/`` included, ``.json`` not),
-    since lm-eval then writes ``<stem>_<time>.json`` beside it."""
+    """The directory to read for lm-eval's ``output_path``.
+
+    It is the path itself, or the directory of a path whose ``pathlib`` suffix is ``.json``. lm-eval
+    then writes ``<stem>_<time>.json`` beside it. ``res.json/`` counts as such a path; ``.json``
+    does not.
+    """
     return str(PurePath(output_path).parent) if PurePath(output_path).suffix == ".json" else output_path
 
 

@@ -1,18 +1,9 @@
 """The processes a command started: signal its process group, see who still runs, outlive them.
 
-``eval-probe run`` starts its command as the leader of a new session, so everything the command
-starts (``bash -c "python -m lm_eval ..."``: bash, then lm-eval) shares its process group, unless
-a process leaves it on purpose (``setsid``). Such a process is out of reach of the group's
-signals, but it still carries the environment the command was given: where /proc shows it, a
-``marker`` in that environment (the probe's own directory) finds it, and from then on its own
-process group is watched as the command's is.
-
-Listing /proc is not atomic: a process that starts another and ends while the list is read
-can be missed. Whether a process group still has a member is exact (``killpg(group, 0)``), so
-a watched group counts as running while that says so, named or not.
-
-Run as a script (``python -I processgroup.py GROUP PATH [MARKER [GROUP,...]]``), it removes PATH
-once nothing of GROUP (and of the other groups given), and nothing carrying MARKER, is left.
+``eval-probe run`` starts its command as the leader of a new session, so what it starts shares its
+process group. A process that leaves the group (``setsid``) still carries the command's environment.
+A ``marker`` there finds it through /proc, and its group is watched too. Run as a script, this
+module removes a path once all of them have ended. See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -36,9 +27,12 @@ _LOOKS = 3
 
 
 def signal_group(group: int, number: int) -> None:
-    """Send signal ``number`` to every process of ``group``, then SIGCONT, as a shell's ``kill`` does
-    for a job: a stopped process acts on a signal only once continued, and would otherwise keep
-    us waiting on it for ever (but after SIGSTOP, which is meant to stop it). Nothing when none is left."""
+    """Send signal ``number`` to every process of ``group``, then SIGCONT, as a shell's ``kill``
+    does.
+
+    A stopped process acts on a signal only once continued; SIGSTOP itself is not followed by
+    SIGCONT. Does nothing when no process is left.
+    """
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, number)
         if number not in (signal.SIGCONT, signal.SIGSTOP):
@@ -57,13 +51,13 @@ def group_exists(group: int) -> bool:
 
 
 def members(group: int, marker: str | None = None, followed: set[int] | None = None) -> list[str]:
-    """``"PID COMMAND"`` for each live process of ``group`` (zombies are not running) and, with
-    ``marker``, each other live process whose environment holds it, with `` (outside its process
-    group)`` added. ``followed``: more groups counted as ``group`` is; the group of each marked
-    process found outside them is added to it. A watched group that still exists while /proc
-    showed no live member of it is looked at again: it runs nothing only once two looks in a row
-    show it the same zombies; else a member started while the list was read, and the group is
-    one entry that says so (as is ``group`` where /proc cannot list its members)."""
+    """``"PID COMMAND"`` for each live process of ``group`` and of the ``followed`` groups.
+
+    Zombies are not running. With ``marker``, each other live process whose environment holds it is
+    added, marked as outside its group. Its group joins ``followed``. A group that exists but shows
+    no live member is one entry that says so. It runs nothing only once two looks in a row show it
+    the same zombies. See docs/cli.md.
+    """
     proc = Path("/proc")
     if not (proc / "self" / "stat").exists():
         return [f"process group {group} (its members cannot be listed here)"] if group_exists(group) else []
@@ -94,9 +88,11 @@ Found = list[tuple[int, str, int, bool]]  # (pid, command, process group, inside
 
 
 def _scan(proc: Path, watched: set[int], needle: bytes | None) -> tuple[Found, set[int], dict[int, set[int]]]:
-    """One look at /proc: (pid, command, group, inside) of each live process of the ``watched``
-    groups or carrying ``needle``, in pid order; the watched groups with a live member; the
-    zombies shown of each watched group."""
+    """One look at /proc for the ``watched`` groups and the processes carrying ``needle``.
+
+    Returns (pid, command, group, inside) of each live one, in pid order. It also returns the
+    watched groups with a live member, and the zombies shown of each.
+    """
     found: Found = []
     live: set[int] = set()
     zombies: dict[int, set[int]] = {}
@@ -145,8 +141,10 @@ def wait_until_empty(
 
 
 def remove_when_empty(group: int, path: Path, marker: str | None = None, followed: set[int] | None = None) -> None:
-    """Have a detached process remove ``path`` once ``settled_members(group, marker, followed)`` is
-    empty, so that those still running keep what they need there; this process need not stay."""
+    """Have a detached process remove ``path`` once ``settled_members`` is empty.
+
+    Those still running keep what they need there. This process need not stay.
+    """
     extra = [] if marker is None else [marker, ",".join(str(g) for g in sorted(followed or ()))]
     subprocess.Popen(
         [sys.executable, "-I", __file__, str(group), str(path), *extra],

@@ -34,15 +34,10 @@ _GRACE_S = 2.0
 def run(command: list[str], result_dir: str | None = None) -> int:
     """Run ``command`` with the probe, then print a short verdict; returns its exit code.
 
-    The probe lives in a temporary sitecustomize.py directory put first on PYTHONPATH
-    (it chains any sitecustomize.py it shadows). Signals sent to this process (Ctrl-C
-    included) are passed on to the command's whole process group, and on Linux the command
-    is killed when this process dies, even by SIGKILL. When the command ends but processes
-    it started still run, a warning names them, and the directory stays until the last of
-    them ends (a detached process removes it then), so they run probed; otherwise it is
-    removed at once. A results directory made here (no ``--result-dir`` and no
-    ``--output_path``) is removed when it stays empty or the command never starts, unless
-    such processes may still write to it; otherwise the summary names it.
+    The probe lives in a temporary sitecustomize.py directory put first on PYTHONPATH. Signals to
+    this process go to the command's whole process group. Processes the command leaves running are
+    named, and run probed until they end. The temporary directories are then removed. See
+    docs/cli.md.
     """
     # From the first moment to the last: a signal before the command starts stops it from
     # starting, and one while the summary is written is passed on, never lets anything leak.
@@ -121,11 +116,12 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 class _Forwarder:
-    """While entered, SIGINT, SIGTERM, SIGHUP and SIGQUIT go to the command's process group once it has
-    one (``group``), and are kept in ``pending`` until then. Job control works as without the
-    wrapper: Ctrl-Z (SIGTSTP) stops the command's group and then this process, and SIGCONT (the
-    shell's ``fg`` or ``bg``) continues both. (The command runs in a session of its own, where the
-    kernel drops SIGTSTP: its group gets SIGSTOP.)"""
+    """While entered, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the command's process group.
+
+    Signals that come before the group exists wait in ``pending``. Job control works as without the
+    wrapper: Ctrl-Z stops the command's group, then this process. SIGCONT continues both. See
+    docs/cli.md.
+    """
 
     def __init__(self) -> None:
         self.group: int | None = None
@@ -167,10 +163,12 @@ class _Forwarder:
 def _run_forwarding_signals(
     command: list[str], env: dict[str, str], started: str, marker: str, forwarder: _Forwarder
 ) -> tuple[int, int, set[int], list[str]] | None:
-    """Run ``command``; None if it could not start, else its exit status (negative: the signal
-    that ended it), its process group, the groups of the processes found outside it, and the
-    processes still running once it and a short grace period have ended: those of its group (and
-    of those groups), and those whose environment holds ``marker``."""
+    """Run ``command``; None if it could not start.
+
+    Else returns its exit status (negative: the signal that ended it) and its process group. It also
+    returns the groups of processes found outside it, and the processes still running after a short
+    grace period.
+    """
     try:
         # Its own session, so its own process group: a terminal's Ctrl-C reaches it once, through
         # us, and what we pass on reaches everything it started (bash -c "python -m lm_eval ...").
@@ -198,8 +196,11 @@ def _left_behind_warning(members: list[str], site: Path, result: Path) -> str:
 
 
 def _announcement(command: list[str], result: Path, switched_off: str) -> str:
-    """The line that starts the command: whether the probe is on, and where its sidecar and
-    lm-eval's results go (two places when ``--result-dir`` is not the command's output path)."""
+    """The line that starts the command: whether the probe is on, and where its output goes.
+
+    The sidecar and lm-eval's results go to two places when ``--result-dir`` is not the command's
+    output path.
+    """
     if switched_off:
         return f"probe switched off ({ENV_SWITCH}={switched_off}): nothing is watched unless the command switches it on"
     output = results_dir_of(command)
@@ -209,8 +210,10 @@ def _announcement(command: list[str], result: Path, switched_off: str) -> str:
 
 
 def _holds_anything(directory: Path) -> bool:
-    """Whether ``directory`` holds an entry, or the command put something else in its place (False
-    when the command removed it, or it cannot be read)."""
+    """Whether ``directory`` holds an entry, or the command put something else in its place.
+
+    False when the command removed it, or it cannot be read.
+    """
     try:
         return not stat.S_ISDIR(directory.lstat().st_mode) or any(directory.iterdir())
     except OSError:
@@ -218,9 +221,12 @@ def _holds_anything(directory: Path) -> bool:
 
 
 def _unhooking_flags(command: list[str]) -> list[str]:
-    """What in a Python ``command`` keeps the probe out, as the user wrote it: Python's ``-I``,
-    ``-E`` or ``-S`` (also bundled, as ``-IS``), read up to its script, ``-c`` or ``-m``; and
-    before it, ``env`` clearing the environment or replacing or unsetting ``PYTHONPATH``."""
+    """What in a Python ``command`` keeps the probe out, as the user wrote it.
+
+    That is Python's ``-I``, ``-E`` or ``-S``, also bundled as ``-IS``, read up to the script,
+    ``-c`` or ``-m``. Before it, an ``env`` that clears the environment or replaces or unsets
+    ``PYTHONPATH`` counts too.
+    """
     words, found = _after_env(command)
     if not words or not os.path.basename(words[0]).startswith("python"):
         return sorted(set(found))
@@ -250,9 +256,12 @@ _ENV_VALUED = {"u": "--unset", "C": "--chdir", "S": "--split-string", "a": "--ar
 
 
 def _after_env(command: list[str]) -> tuple[list[str], list[str]]:
-    """``command`` past a leading ``env`` and its options and assignments, and what of those keeps
-    the probe out (``env -i``, ``env -u PYTHONPATH``, ``env PYTHONPATH=...``); ``env -S STRING`` is
-    read as the words it splits into."""
+    """``command`` past a leading ``env`` with its options and assignments, and what of those keeps
+    the probe out.
+
+    Such are ``env -i``, ``env -u PYTHONPATH`` and ``env PYTHONPATH=...``. ``env -S STRING`` is read
+    as the words it splits into.
+    """
     if not command or os.path.basename(command[0]) != "env":
         return list(command), []
     words, found = list(command[1:]), []

@@ -31,9 +31,12 @@ _ITS_DIRECTORY = "its results directory"
 
 @dataclass(frozen=True)
 class Summary:
-    """The summary of one command: what is known (``headline``), then the same sentences in
-    every case: another run's record in the directory, the signal that ended the command, the
-    processes still running, and the directories to read next."""
+    """The summary of one command.
+
+    First comes what is known (``headline``). Then, in every case, the same sentences follow. They
+    name another run's record in the directory, the signal that ended the command, the processes
+    still running, and what to read next.
+    """
 
     headline: str
     reads: tuple[str, ...] = ()
@@ -55,28 +58,36 @@ class Summary:
 
 
 def shown(text: str) -> str:
-    """``text`` on one line, as it may be printed: what does not print (a newline, an escape
-    sequence in a path) is written as its escape."""
+    """``text`` on one line, as it may be printed.
+
+    What does not print, such as a newline or an escape sequence in a path, is written as its
+    escape.
+    """
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def summary(
     result_dir: Path, report: Path, ended_by: int | None = None, still_running: int = 0, switched_off: str = ""
 ) -> str:
-    """The summary line of a command whose results directory is ``result_dir`` and whose probe
-    reported to ``report``; ``ended_by`` is the signal that ended it, if one did; with
-    ``still_running`` processes it started still at work, no trip yet is no verdict;
-    ``switched_off`` is the value of the probe's switch when the command was started switched off."""
+    """The summary line of a command.
+
+    ``result_dir`` is its results directory and ``report`` the file its probe reported to.
+    ``ended_by`` is the signal that ended it, if one did. With ``still_running`` processes, no trip
+    yet is no verdict. ``switched_off`` is the probe's switch when the command started switched off.
+    See docs/cli.md.
+    """
     return summarise(result_dir, report, ended_by, still_running, switched_off).line()
 
 
 @dataclass(frozen=True)
 class _Command:
-    """What the command's own evaluations left: the reports' evaluations (its own report's, and
-    those of ``eval-probe run`` commands nested in it), their run identities (and those of the
-    trips noted before their records were written), where lm-eval saved their results, where
-    each noted trip was to write its record, and the records of those identities, found wherever
-    they lie."""
+    """What the command's own evaluations left.
+
+    It holds the evaluations in its report and in reports of nested ``eval-probe run`` commands. It
+    holds their run identities, including those of trips noted before their records were written. It
+    holds where lm-eval saved their results and where each trip was to write its record. It holds
+    those records, wherever they lie.
+    """
 
     evaluations: list[dict[str, Any]]
     ours: set[str]
@@ -164,8 +175,11 @@ def summarise(
 
 
 def _tripped(result_dir: Path, command: _Command, here: list[Sidecar], common: dict[str, Any]) -> Summary:
-    """The command's evaluations tripped, and their records were found: each is named, with its
-    cause and what to change; the first is the directory's own sidecar, if it is one of them."""
+    """The summary when the command's evaluations tripped and their records were found.
+
+    Each is named, with its cause and what to change. The directory's own sidecar comes first, if it
+    is one of them.
+    """
     elsewhere = [r for r in command.records if r not in here]
     tripped = sum(e.get("tripped") is True for e in command.evaluations)
     reads = _once([str(result_dir)] * bool(here) + [str(Path(r.path).parent) for r in elsewhere] + command.saved)
@@ -198,8 +212,11 @@ def _trip_words(record: Sidecar, cut: str | None = None) -> str:
 
 
 def _short_circuited(command: _Command, first: Sidecar) -> str:
-    """How many requests the command's tripped evaluations answered blank: from the report
-    when it holds several that tripped, else from the record's final counters."""
+    """How many requests the command's tripped evaluations answered blank.
+
+    This comes from the report when it holds several that tripped, else from the record's final
+    counters.
+    """
     tripped = [e for e in command.evaluations if e.get("tripped") is True]
     if len(tripped) > 1 and _as_written(tripped):
         total = sum(_blank_answered(e) for e in tripped)
@@ -273,11 +290,13 @@ def _blank_answered(evaluation: dict[str, Any]) -> int:
 
 
 def _as_written(evaluations: list[dict[str, Any]]) -> bool:
-    """Whether the report's evaluations are evidence documents as the probe writes them: each one
-    as the reader trusts it in a results file (``run_evidence``), with groups whose counts hold
-    and agree with its trip flag, a trip record named only where it tripped, task names that
-    print as one line, and each task's recorded cut-off rate a fraction (the rate the summary
-    prints comes from the counts). The report is a file any process of the command may write."""
+    """Whether the report's evaluations are evidence documents as the probe writes them.
+
+    Any process of the command may write the report, so each is checked as the reader checks a
+    results file (``run_evidence``). Group counts must hold and agree with the trip flag. A trip
+    record is named only where it tripped. Task names must print as one line. Each recorded cut-off
+    rate must be a fraction. See docs/cli.md.
+    """
     for evaluation in evaluations:
         try:
             run_evidence({EVIDENCE_KEY: evaluation})
@@ -305,9 +324,11 @@ def _a_fraction(rate: Any) -> bool:
 
 
 def _named_records(evaluations: list[dict[str, Any]]) -> list[str]:
-    """The trip records the report names for its evaluations that tripped, each file once however
-    it is spelt; a record that names no path, or one that would not print as one line, is left
-    out (the report is a file any process may write)."""
+    """The trip records the report names for its evaluations that tripped, each file once.
+
+    A record that names no path, or one that would not print as one line, is left out. Any process
+    may write the report.
+    """
     paths = [e.get("sidecar") for e in evaluations if e.get("tripped") is True]
     return _once([p for p in paths if isinstance(p, str) and p.strip() and p.isprintable()])
 

@@ -12,9 +12,11 @@ _NARROWEST = 20
 
 
 def wrap(text: str, width: int) -> str:
-    """``text`` with every line longer than ``width`` (20 at least) wrapped at spaces; a wrapped line's
-    continuation is indented two spaces more than the line itself. Words are never broken,
-    nothing is added or removed but whitespace at the breaks, and short lines are kept as they are."""
+    """``text`` with every line longer than ``width`` (20 at least) wrapped at spaces.
+
+    A continuation is indented two spaces more than its line. Words are never broken. Only
+    whitespace at the breaks changes. Short lines are kept as they are.
+    """
     out: list[str] = []
     for line in text.split("\n"):
         if len(line) <= width:
@@ -32,8 +34,11 @@ def wrap(text: str, width: int) -> str:
 
 
 def fit(text: str, stream: TextIO | None = None) -> str:
-    """``text`` wrapped to the terminal's width (``COLUMNS`` first) when ``stream`` (stdout by
-    default) is a terminal; unchanged otherwise, so that a pipe or a log keeps one item a line."""
+    """``text`` wrapped to the terminal's width (``COLUMNS`` first) when ``stream`` is a terminal.
+
+    ``stream`` is stdout by default. Otherwise ``text`` is unchanged, so a pipe or a log keeps one
+    item a line.
+    """
     stream = sys.stdout if stream is None else stream
     if not stream.isatty():
         return text

@@ -1,8 +1,8 @@
 """``eval-probe demo``: the same evaluation of a never-stopping model, unprobed and probed.
 
-Needs no GPU and no download: a simulated never-stopping server runs in-process (or
-``--base-url`` points at a real one), lm-eval evaluates a bundled local task, and the
-two runs are compared side by side, followed by the reader's verdict.
+It needs no GPU and no download. A simulated server runs in-process, or ``--base-url`` points at a
+real one. lm-eval evaluates a bundled local task. The two runs are compared side by side, then the
+reader gives its verdict. See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -56,14 +56,18 @@ def _counters(server: SimServer | None, base_url: str) -> Counters:
 
 
 def since(before: Counters, now: Counters) -> Counters:
-    """What the server counted between ``before`` and ``now``: one run's own figures, never
-    the runs before it; None where either reading is missing."""
+    """What the server counted between ``before`` and ``now``, or None where either is missing.
+
+    These are one run's own figures, never those of the runs before it.
+    """
     return tuple(None if b is None or n is None else n - b for b, n in zip(before, now, strict=True))  # type: ignore[return-value]
 
 
 def unreachable(base_url: str, timeout: float = 10) -> str | None:
-    """Why nothing answers HTTP at ``base_url``, or None when something does (any status:
-    a 404 for ``/v1/models`` still means a server is there)."""
+    """Why nothing answers HTTP at ``base_url``, or None when something does.
+
+    Any status counts: a 404 for ``/v1/models`` still means a server is there.
+    """
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/v1/models", timeout=timeout):
             return None
@@ -99,8 +103,11 @@ def _timed(label: str, log: Path, run: Callable[[], int], counters: Callable[[],
 
 
 def demo(base_url: str | None, model: str | None, docs: int, max_tokens: int, concurrency: int) -> int:
-    """Run the comparison; returns 0 when both runs finished and the probe tripped, DEMO_NOT_TRIPPED
-    otherwise, DEMO_CANNOT_RUN (having said why) when lm-eval is missing or ``base_url`` is unreachable."""
+    """Run the comparison and return its exit code.
+
+    It is 0 when both runs finished and the probe tripped, else DEMO_NOT_TRIPPED. It is
+    DEMO_CANNOT_RUN, after saying why, when lm-eval is missing or ``base_url`` is unreachable.
+    """
     if importlib.util.find_spec("lm_eval") is None:
         print(f"eval-probe demo: lm-eval is not installed for {sys.executable}; install it beside eval-probe "
               "(pip install 'lm-eval-probe[lm-eval]')", file=sys.stderr)  # fmt: skip

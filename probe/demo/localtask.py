@@ -111,15 +111,13 @@ class LocalTask:
         batch_size: str = "auto",
         also: tuple[LocalTask, ...] = (),
     ) -> list[str]:
-        """lm-eval's arguments (after ``python -m lm_eval``) for this task (and the tasks in
-        ``also``, in the same run) on its in-process vLLM backend (``--model vllm``), by default
-        with every prompt of a group in one ``LLM.generate`` call (``--batch_size auto``), and
-        vLLM's counters kept (``disable_log_stats=False``).
+        """lm-eval's arguments (after ``python -m lm_eval``) for this task on in-process vLLM.
 
-        ``max_num_seqs`` bounds the requests vLLM runs at once: the waves of a run;
-        ``max_model_len`` must hold a prompt and ``max_tokens``; ``gen_kwargs`` adds to
-        lm-eval's ``--gen_kwargs`` (``key=value,...``); ``batch_size`` N makes a call per N
-        prompts.
+        The tasks in ``also`` run in the same run. By default every prompt of a group goes in one
+        ``LLM.generate`` call (``--batch_size auto``), and vLLM's counters are kept.
+        ``max_num_seqs`` bounds the requests vLLM runs at once. ``max_model_len`` must hold a prompt
+        and ``max_tokens``. ``gen_kwargs`` adds to lm-eval's ``--gen_kwargs``. ``batch_size`` N
+        makes a call per N prompts.
         """
         model_args = (
             f"pretrained={model},dtype=float32,max_model_len={max_model_len},max_num_seqs={max_num_seqs},"
@@ -179,9 +177,9 @@ def write_task(directory: Path, n_docs: int = 32, task: str = TASK) -> LocalTask
 def offline_env(site: Path | None = None, **extra: str) -> dict[str, str]:
     """The environment for a child process that runs lm-eval on the local task.
 
-    Offline (nothing is fetched from a hub), without the caller's probe knobs, result
-    directory or PYTHONPATH; ``site`` (a directory holding the probe's sitecustomize.py)
-    becomes the PYTHONPATH when given; ``extra`` goes on top.
+    It is offline: nothing is fetched from a hub. The caller's probe knobs, result directory and
+    PYTHONPATH are removed. ``site``, a directory holding the probe's sitecustomize.py, becomes the
+    PYTHONPATH when given. ``extra`` goes on top.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE") and k not in _NOT_INHERITED}
     env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")

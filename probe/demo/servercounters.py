@@ -43,9 +43,11 @@ def vllm_metrics(base_url: str, timeout: float = 10) -> dict[str, float]:
 
 
 def server_counters(base_url: str) -> tuple[int | None, int | None]:
-    """(finished generate requests, generated tokens) from vLLM's /metrics, else from a
-    simulated server's /stats; (None, None) when the server exposes neither, or answers
-    something that is not those counts (unknown, never a made-up zero)."""
+    """(finished generate requests, generated tokens) from the server at ``base_url``.
+
+    They come from vLLM's /metrics, else from a simulated server's /stats. (None, None) when neither
+    answers with those counts: unknown, never a made-up zero.
+    """
     try:
         with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
             text = response.read().decode()

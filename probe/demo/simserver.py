@@ -1,12 +1,10 @@
 """A simulated OpenAI-compatible server for tests, the demo and the benchmarks.
 
-Serves ``/v1/completions``, ``/v1/chat/completions`` and SGLang's ``/generate`` on 127.0.0.1,
-and behaves like a chosen kind of model (``MODES``: healthy, never stopping, looping, cut at the
-window, hiding the cap, reasoning, empty, malformed), optionally answering in a ``shape`` that
-repeats a block, or streaming with a ``stream_quirk`` of a real server or gateway. Promises: a
-stream reassembles into exactly the unstreamed body, which follows vLLM's; a token clock makes
-generations take time; a dropped request counts its tokens so far and as aborted, as vLLM does;
-``GET /stats`` returns the counters. Every mode and option is described in docs/simserver.md.
+It serves completions, chat completions and SGLang's ``/generate`` on 127.0.0.1. It behaves like a
+chosen kind of model (``MODES``), with optional answer shapes and stream quirks. A stream
+reassembles into exactly the unstreamed body, which follows vLLM's. A token clock makes generations
+take time. A dropped request counts its tokens so far, and counts as aborted. ``GET /stats`` returns
+the counters. See docs/simserver.md.
 """
 
 from __future__ import annotations
@@ -296,8 +294,10 @@ class SimServer:
         return web.json_response(body)
 
     async def _sglang_generate(self, request: web.Request) -> web.Response:
-        """SGLang's ``/generate``: one output for a text, a list of them for a list of texts; a
-        request without max_new_tokens gets SGLang's default, 128."""
+        """SGLang's ``/generate``: one output for a text, a list of them for a list of texts.
+
+        A request without max_new_tokens gets SGLang's default, 128.
+        """
         payload = await request.json()
         params = payload.get("sampling_params") or {}
         texts = payload.get("text", "")
@@ -405,8 +405,10 @@ class SimServer:
         return response
 
     def _once(self, quirk: str) -> bool:
-        """Whether this request is the one the ``..._once`` ``quirk`` happens to: this server has
-        that quirk, and the request is the first to ask."""
+        """Whether this request is the one the ``..._once`` ``quirk`` happens to.
+
+        It is when this server has that quirk and the request is the first to ask.
+        """
         if self.stream_quirk != quirk:
             return False
         with self._lock:
@@ -500,8 +502,10 @@ class SimServer:
         return self._rambling(prompt, max_tokens), max_tokens, "length"
 
     def _rambling(self, prompt: str, tokens: int) -> str:
-        """The text of a generation that never stops but does not loop (" and", then random
-        words): only the cap rule can catch it, as before the loop detector; the loop modes loop."""
+        """The text of a generation that never stops and never loops: " and", then random words.
+
+        Only the cap rule can catch it; the loop modes loop.
+        """
         return " and" + loop_text("random", f"{self.seed}:{prompt}", tokens - 1) if tokens > 0 else ""
 
     async def _generate(self, duration_tokens: float, total_tokens: int) -> None:
@@ -608,8 +612,11 @@ def loop_text(mode: str, key: str, tokens: int) -> str:
 def _next_wake(
     pending: list[list[tuple[str, str]]], sent: list[int], ended: list[bool], clocks: list[float], elapsed: float
 ) -> float:
-    """Seconds until the stream has something to send: the next word (at most one chunk per
-    STREAM_TICK, so that a fast clock is coalesced) or a choice's end (on time, as unstreamed)."""
+    """Seconds until the stream has something to send.
+
+    That is the next word, or a choice's end, on time as unstreamed. At most one chunk goes per
+    STREAM_TICK, so a fast clock is coalesced.
+    """
     waits = []
     for units, done, over, clock in zip(pending, sent, ended, clocks, strict=True):
         if over:

@@ -69,15 +69,12 @@ class Candidate:
 
 
 def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Candidate]:
-    """Every candidate directly in ``result_dir`` or in one of its subdirectories (lm-eval's
-    model directories), in path order, each read in full or with the reason it cannot be.
+    """Every results file in ``result_dir`` or one of its subdirectories, in path order.
 
-    Names that neither lm-eval nor InferenceX writes (``results_backup.json``,
-    ``meta_env.json``, ``samples_*.jsonl``) are not candidates. A subdirectory that cannot be
-    listed, or that is a link leading outside ``result_dir``, is listed with its reason: it
-    may hold the newest results; but a volume's ``lost+found`` (the file system's own, which
-    only root may list) is passed over. A file reached twice through links is listed once.
-    ``now`` (default: the clock) bounds the recorded times, see ``recorded_time``.
+    Each is read in full, or carries the reason it cannot be. Only names lm-eval or InferenceX
+    writes count. A subdirectory that cannot be listed, or a link leading outside, is listed with
+    its reason. A volume's ``lost+found`` is passed over. A file reached twice through links is
+    listed once. ``now`` (default: the clock) bounds the recorded times. See docs/reading.md.
     """
     root = Path(result_dir)
     now = time.time() if now is None else now
@@ -106,8 +103,8 @@ def list_candidates(result_dir: Path | str, now: float | None = None) -> list[Ca
 def newest(candidates: list[Candidate]) -> Candidate | None:
     """The candidate with the latest recorded start, None when there is none.
 
-    When any candidate cannot be read, or two share the latest start, which one is the newest
-    cannot be told: the result is then a Candidate whose ``reason`` says so (never a guess).
+    When the newest cannot be told, the result is a Candidate whose ``reason`` says why. That
+    happens when any candidate cannot be read, or two share the latest start. It never guesses.
     """
     problems = [c for c in candidates if c.reason is not None]
     if problems:
@@ -158,8 +155,10 @@ def _read(root: Path, path: Path, now: float) -> Candidate:
 
 
 def _evidence_model(evidence: dict[str, Any] | None) -> str | None:
-    """The model the probe saw every generate request made for, where lm-eval recorded no
-    ``model_name`` (InferenceX's lm-eval, b315ef3, records ``""``); None unless exactly one."""
+    """The one model the probe saw every generate request made for, else None.
+
+    Used where lm-eval recorded no ``model_name`` (InferenceX's lm-eval records ``""``).
+    """
     models = (evidence or {}).get("models")
     if isinstance(models, list) and len(models) == 1 and isinstance(models[0], str):
         return models[0]

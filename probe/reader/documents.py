@@ -1,8 +1,8 @@
 """Judging untrusted JSON from a result directory: its nesting, its numbers, its times (pure).
 
-Everything the reader reads was written by others (lm-eval, a pipeline, a person, an
-attacker), so each check here turns a bad document into :class:`Unreadable` with a reason
-that a user can act on, never into a crash or a plausible value.
+Everything here was written by others: lm-eval, a pipeline, a person, an attacker. Each check turns
+a bad document into :class:`Unreadable`, with a reason a user can act on. It never crashes and never
+returns a plausible value. See docs/reading.md.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def parse_json(data: bytes, finite_only: bool = False) -> Any:
 def recorded_time(value: object, now: float, name: str) -> float:
     """``value``, a time a run recorded (seconds since the epoch), as a float.
 
-    Raises :class:`Unreadable` when it is missing or not a number (booleans included), not
-    finite (NaN, +/-inf, an integer too large for a float), or later than ``now`` by more
-    than MAX_CLOCK_SKEW_S: a run cannot have recorded a time that has not come yet.
+    Raises :class:`Unreadable` when it is missing, not a number (booleans included) or not finite.
+    So does a time later than ``now`` by more than MAX_CLOCK_SKEW_S: a run cannot record a time that
+    has not come yet.
     """
     if value is None:
         raise Unreadable(f"{name!r} is missing or null")

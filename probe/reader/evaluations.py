@@ -1,11 +1,8 @@
-"""Which evaluations a result directory holds: every results file, each paired with the
-trip record of its run, and every trip record whose run left no results file (pure).
+"""Which evaluations a result directory holds (pure).
 
-A trip record belongs to the results file that carries its ``run_id``; results without a
-run id (an unprobed run, an older probe) take a record not claimed so, when its trip is no
-earlier than their recorded start (less a little slack), the latest such run first. A
-record that no results file takes is an *orphan*: its run tripped and then ended before
-lm-eval wrote results (killed, crashed), and it is judged on its own.
+Every results file is paired with the trip record of its run. A trip record whose run left no
+results file is an *orphan*: its run tripped, then ended before lm-eval wrote results. An orphan is
+judged on its own. See docs/reading.md.
 """
 
 from __future__ import annotations
@@ -25,8 +22,10 @@ STALE_SLACK_S = 5.0
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One results file to judge, with the trip record of its run (None when it did not
-    trip) and what the directory's trip records are to it."""
+    """One results file to judge, with its run's trip record (None when it did not trip).
+
+    It also says what the directory's trip records are to it.
+    """
 
     candidate: Candidate
     trip: TripContext | None
@@ -35,10 +34,12 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class Holdings:
-    """Everything a result directory holds to judge: ``evaluations`` (readable results),
-    ``unusable`` (candidates that cannot be read or, in the newest-only view, ordered, each
-    with its reason), ``orphans`` (trips whose run left no results) and ``broken`` (trip
-    records moved aside that cannot be read). ``sidecar`` is the directory's own sidecar."""
+    """Everything a result directory holds to judge.
+
+    ``evaluations`` are the readable results. ``unusable`` are candidates that cannot be read or
+    ordered, with reasons. ``orphans`` are trips whose run left no results. ``broken`` are
+    moved-aside trip records that cannot be read. ``sidecar`` is the directory's own sidecar.
+    """
 
     evaluations: list[Evaluation]
     unusable: list[Candidate]
@@ -48,16 +49,12 @@ class Holdings:
 
 
 def holdings(candidates: list[Candidate], records: list[Sidecar], newest_only: bool = False) -> Holdings:
-    """Pair ``candidates`` with ``records`` (``records[0]`` is the directory's sidecar). A verdict
-    rests only on evidence of its own run: a trip record goes to the run it belongs to, or
-    stands as a row of its own.
+    """Pair ``candidates`` with ``records``; ``records[0]`` is the directory's sidecar.
 
-    With ``newest_only``, each slot (model directory and concurrency) keeps, per model and per
-    task, only the newest results (``_newest_per_slot``), and an orphan trip is dropped when a
-    results file of the same model, in lm-eval's own layout, started after it (a re-run); one
-    whose model cannot be told, or whose only later runs are InferenceX concurrencies, is never
-    dropped. A trip record is paired only with the run it belongs to: by run identity, else by
-    time and model (``_may_own``).
+    A verdict rests only on evidence of its own run. A trip record goes to its own run, else stands
+    as a row of its own. It is paired by run identity, else by time and model (``_may_own``). With
+    ``newest_only``, only the newest results are kept, and a re-run supersedes an orphan trip. See
+    docs/reading.md.
     """
     sidecar = records[0]
     trips = [TripContext(r.trip, r.final, r.path) for r in records if r.records_a_trip]
@@ -121,9 +118,11 @@ def _pair(readable: list[Candidate], trips: list[TripContext]) -> tuple[dict[int
 
 
 def _may_own(candidate: Candidate, trip: TripContext) -> bool:
-    """Whether a run without a run identity may own ``trip``: a probed run (an older probe wrote
-    no identity) that started before the trip, of the same model (where either names none, whose
-    trip it is cannot be told). An unprobed run owns no trip."""
+    """Whether a run without a run identity may own ``trip``.
+
+    It must be a probed run that started before the trip, of the same model. An unprobed run owns no
+    trip. Where either names no model, whose trip it is cannot be told.
+    """
     if candidate.evidence is None or candidate.model_name is None or candidate.model_name != trip.model:
         return False
     return candidate.started_at is not None and trip.tripped_at >= candidate.started_at - STALE_SLACK_S
@@ -138,11 +137,12 @@ def _all_predate(latest_trip: float | None, candidate: Candidate) -> bool:
 def _newest_per_slot(
     candidates: list[Candidate],
 ) -> tuple[list[Candidate], list[Candidate], dict[int, set[str]], list[Candidate]]:
-    """Per slot (model directory and concurrency), per model (lm-eval's ``model_name``) and per
-    task, the newest results: (the files kept, the unusable ones, the tasks each kept file is
-    the newest of, by ``id``, and the readable files of slots that cannot be ordered). Models that
-    share a directory, and tasks run one invocation at a time into one path, are each kept. A
-    file that cannot be read makes its whole slot unusable (it may be any model's newest run)."""
+    """The newest results per slot, per model and per task.
+
+    A slot is a model directory and concurrency. Returns the files kept, the unusable ones, the
+    tasks each kept file is newest for (by ``id``), and the readable files of slots that cannot be
+    ordered. A file that cannot be read makes its whole slot unusable. See docs/reading.md.
+    """
     slots: dict[tuple[str, int | None], list[Candidate]] = {}
     for candidate in candidates:
         slots.setdefault(candidate.slot, []).append(candidate)
@@ -191,10 +191,12 @@ def _only(candidate: Candidate, tasks: set[str] | None) -> Candidate:
 
 
 def _superseded_by(readable: Iterable[Candidate]) -> Callable[[TripContext], bool]:
-    """Whether a trip whose run left no results is superseded: a results file of the same model
-    in lm-eval's own layout, holding every task the trip cut short, started after it (a re-run).
-    A trip record does not say its InferenceX concurrency, so a staged file (``_conc<N>``) never
-    supersedes one: a later concurrency is another evaluation, not a re-run."""
+    """Whether a later run supersedes a trip that left no results.
+
+    It does when a results file of the same model, in lm-eval's own layout, started after the trip.
+    That file must hold every task the trip cut short. A staged ``_conc<N>`` file never supersedes
+    one: it is another evaluation.
+    """
     later: dict[str, list[Candidate]] = {}
     for c in readable:
         if c.concurrency is None and c.model_name is not None and c.started_at is not None:

@@ -1,5 +1,8 @@
-"""The probe's evidence as lm-eval's results file carries it: each task's figures, which
-tasks a trip cut short, and what a score made of cut-off answers is worth (pure)."""
+"""The probe's evidence as lm-eval's results file carries it (pure).
+
+It gives each task's figures, the tasks a trip cut short, and what a score made of cut-off answers
+is worth. See docs/evidence.md.
+"""
 
 from __future__ import annotations
 
@@ -94,10 +97,13 @@ def _figures_problem(figures: Any) -> str | None:
 
 
 def _parts_problem(figures: dict[str, Any]) -> str | None:
-    """The counts that are parts of others, as the runtime files them (``TaskEvidence``): every
-    observation under one finish reason, every cut-off generation under one cause, the stops at
-    the cap, and the generations below MIN_MAX_TOKENS and those under an unknown budget (two
-    parts apart), among the observations (absent from evidence written before they were counted)."""
+    """Why counts that are parts of others do not add up, or None.
+
+    The parts are those ``TaskEvidence`` files: observations by finish reason, and cut-off
+    generations by cause. They also include stops at the cap, and generations below MIN_MAX_TOKENS
+    or under an unknown budget. Older evidence may lack some counts. See
+    docs/reading.md.
+    """
     observed, reasons, causes = figures["observations"], figures["finish_reasons"], figures["causes"]
     if sum(reasons.values()) != observed or sum(causes.values()) != figures["cut_off"]:
         return ("counts finish reasons other than its observations, or causes other than its cut-off "
@@ -114,8 +120,11 @@ def _parts_problem(figures: dict[str, Any]) -> str | None:
 
 
 def _requests_problem(figures: dict[str, Any]) -> str | None:
-    """A task's generations, each asked for once (``generate_requests``): observed (the flagged
-    among them, or cut short by a trip) or answered blank, never both."""
+    """Why a task's generations do not add up, or None.
+
+    Each generation is asked for once. It is either observed (flagged, or cut short by a trip) or a
+    blank answer, never both.
+    """
     answered = figures["observations"] + figures["short_circuited"]
     if answered > figures["generate_requests"] or figures.get("flagged", 0) > answered:
         return ("counts more generations observed or answered blank than it asked for, or more flagged "
@@ -143,9 +152,11 @@ def _flagged_problem(figures: dict[str, Any]) -> str | None:
 
 
 def _watched_problem(figures: dict[str, Any]) -> str | None:
-    """How many observed generations the loop detector read (absent from evidence written
-    before it was counted): a count within the observations, and no fewer than the flagged
-    generations it then saw end."""
+    """Why the count the loop detector read is wrong, or None.
+
+    It must lie within the observations. It must be no fewer than the flagged generations that then
+    ended. Older evidence may lack it.
+    """
     if "watched" not in figures:
         return None
     watched = figures["watched"]
@@ -198,11 +209,11 @@ def cause_text(figures: dict[str, Any]) -> str:
 def caveat(
     figures: dict[str, Any], score: float | None, higher_is_better: bool, max_cap_rate: float, force: bool = False
 ) -> dict[str, Any] | None:
-    """The caveat of a score when more than ``max_cap_rate`` of its generations were cut off
-    (with ``force``, when any was: a group whose task carries a caveat carries one too).
+    """The caveat of a score when more than ``max_cap_rate`` of its generations were cut off.
 
-    The bound is the score had every cut-off answer been right (for a score in [0, 1]
-    averaged over the generations); None when there is no score or it is not a proportion.
+    With ``force``, any cut-off generation gives one: a group whose task carries a caveat carries
+    one too. The bound is the score had every cut-off answer been right. It is None when there is no
+    score, or the score is not a proportion. See docs/reading.md.
     """
     observed, cut = figures["observations"], figures["cut_off"]
     if not observed or not cut or (cut / observed <= max_cap_rate and not force):

@@ -1,8 +1,7 @@
 """Opening what a result directory holds without trusting it (file-system glue).
 
-Only regular files are opened, never a FIFO, device or socket (opening a FIFO blocks);
-nothing is reached through a link that leads outside the result directory; and no file
-is read past a bound given by the caller.
+Only regular files are opened: a FIFO would block. Nothing is reached through a link leading outside
+the result directory. No file is read past a bound the caller gives. See docs/reading.md.
 """
 
 from __future__ import annotations
@@ -26,8 +25,10 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLL
 
 
 def resolve_inside(root: Path, path: Path) -> Path:
-    """``path`` with every link resolved, when that lies inside ``root``; else :class:`Unreadable`
-    (a dangling or looping link, or a link that leads outside ``root``)."""
+    """``path`` with every link resolved, when that lies inside ``root``.
+
+    Else :class:`Unreadable`: a dangling or looping link, or one leading outside ``root``.
+    """
     real_root = Path(os.path.realpath(root))
     try:
         real = Path(os.path.realpath(path, strict=True))
@@ -39,8 +40,10 @@ def resolve_inside(root: Path, path: Path) -> Path:
 
 
 def list_directory(path: Path) -> list[os.DirEntry[str]]:
-    """The entries of directory ``path``, sorted by name; :class:`Unreadable` when it cannot be
-    listed (so that what it holds is never skipped silently)."""
+    """The entries of directory ``path``, sorted by name.
+
+    :class:`Unreadable` when it cannot be listed, so that its contents are never skipped silently.
+    """
     try:
         with os.scandir(path) as entries:
             return sorted(entries, key=lambda entry: entry.name)

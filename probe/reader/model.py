@@ -1,5 +1,8 @@
-"""The reader's types: a verdict's status, where it comes from, the trip behind it, and the
-verdict itself with its one JSON form (pure)."""
+"""The reader's types (pure).
+
+They hold a verdict's status, where it comes from, the trip behind it, and the verdict with its one
+JSON form.
+"""
 
 from __future__ import annotations
 
@@ -49,8 +52,11 @@ class SidecarState(str, Enum):
 
 @dataclass(frozen=True)
 class TripContext:
-    """A trip record that applies to one run: the record (the sidecar's ``verdict``), its
-    ``final`` counters (None until the process exited), and the file it was read from."""
+    """A trip record that applies to one run, and the file it was read from.
+
+    ``trip`` is the sidecar's ``verdict``. ``final`` holds its final counters, None until the
+    process exited.
+    """
 
     record: Mapping[str, Any]
     final: Mapping[str, Any] | None
@@ -71,8 +77,10 @@ class TripContext:
         return value if isinstance(value, str) else None
 
     def named_tasks(self) -> set[str] | None:
-        """The tasks the record and its final counters name as cut short; None when the
-        record names none at all (an older probe), so the mapping cannot be told."""
+        """The tasks the record and its final counters name as cut short.
+
+        None when the record names none at all (an older probe): the mapping cannot be told.
+        """
         listed = self.record.get("tasks")
         if not isinstance(listed, list):
             return None
@@ -86,8 +94,11 @@ class TripContext:
 
 @dataclass(frozen=True)
 class Source:
-    """Where a verdict comes from: the results file and the run that wrote it (its probe
-    run id and recorded start), InferenceX's concurrency, the trip record it was judged with."""
+    """Where a verdict comes from.
+
+    That is the results file, the run that wrote it (run id and recorded start), InferenceX's
+    concurrency, and the trip record it was judged with.
+    """
 
     results_file: Path | None = None
     run_id: str | None = None
@@ -108,8 +119,11 @@ class SidecarView:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One verdict: a task of one run (or, with ``task`` None, a whole evaluation that has
-    nothing to judge per task), its status and the reason, and what it rests on."""
+    """One verdict: its status, the reason, and what it rests on.
+
+    It covers one task of one run. With ``task`` None, it covers a whole evaluation with nothing to
+    judge per task.
+    """
 
     status: Status
     reason: str
@@ -138,8 +152,10 @@ class Verdict:
 
     @property
     def applies_to_every_task(self) -> bool:
-        """A verdict on a whole evaluation (a failed concurrency, an unreadable file, a run
-        that left no results): it stays whatever task a filter selects."""
+        """Whether this verdict is on a whole evaluation, so a task filter keeps it.
+
+        Examples: a failed concurrency, an unreadable file, a run that left no results.
+        """
         return self.task is None
 
     def but(self, **changes: Any) -> Verdict:

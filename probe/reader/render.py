@@ -1,8 +1,8 @@
-"""Verdicts as text: one in full (``describe``), many as a table per run (``table``), or as
-a Markdown table for a CI summary such as ``$GITHUB_STEP_SUMMARY`` (``markdown``) (pure).
+"""Verdicts as text (pure).
 
-Everything shown may come from a hostile file: control characters are written as escapes,
-so that a task name cannot forge a row, and Markdown's own syntax is escaped in its cells.
+``describe`` shows one in full. ``table`` shows many, one table per run. ``markdown`` writes a table
+for a CI summary such as ``$GITHUB_STEP_SUMMARY``. Everything shown may come from a hostile file, so
+control characters and Markdown syntax are escaped. See docs/reading.md.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ _HEADINGS = ("task", "metric", "score", "status", "cap rate", "cause")
 
 
 def safe(value: object) -> str:
-    """``value`` as text a terminal shows as it is: control characters (a newline that would
-    forge a table row, an escape sequence) are written as escapes."""
+    """``value`` as text a terminal shows as it is.
+
+    Control characters are written as escapes: a newline cannot forge a table row, nor an escape
+    sequence act.
+    """
     text = str(value)
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
@@ -91,9 +94,11 @@ def pathology_text(found: dict[str, Any]) -> str:
 
 
 def table(verdicts: list[Verdict]) -> str:
-    """The verdicts as one table per run (each headed by its results file and run): task,
-    metric, score, status, cap rate, cause; then each verdict's reason, and the evidence of
-    a run the probe cut short."""
+    """The verdicts as one table per run, each headed by its results file and run.
+
+    The columns are task, metric, score, status, cap rate and cause. Then come each verdict's
+    reason, and the evidence of a run the probe cut short.
+    """
     out: list[str] = []
     for source, rows in _by_run(verdicts):
         out.append(safe(_origin(source)) + ":")

@@ -1,5 +1,8 @@
-"""Which metric of a task's results row is its score, when no ``--metric`` is given: one that
-lm-eval measured, never a count (``sample_len``) or a placeholder (``bypass``)."""
+"""Which metric of a task's results row is its score, when no ``--metric`` is given.
+
+It is one that lm-eval measured, never a count (``sample_len``) or a placeholder (``bypass``). See
+docs/reading.md.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +15,11 @@ PLACEHOLDERS = ("bypass",)
 
 
 def measured(metrics: dict[str, Any], directions: dict[str, bool] | None) -> list[str]:
-    """The keys of a results row that hold what lm-eval measured: ``metric,filter`` keys (how
-    lm-eval names a metric's value), no standard error, no placeholder; where the file records
-    the task's ``higher_is_better``, only the metrics named there."""
+    """The keys of a results row that hold what lm-eval measured.
+
+    Those are ``metric,filter`` keys, never a standard error or a placeholder. Where the file
+    records the task's ``higher_is_better``, only the metrics named there count.
+    """
     names = []
     for key in metrics:
         base, comma, _ = key.partition(",")
@@ -25,8 +30,10 @@ def measured(metrics: dict[str, Any], directions: dict[str, bool] | None) -> lis
 
 
 def pick_metric(metrics: dict[str, Any], directions: dict[str, bool] | None = None) -> tuple[str | None, str]:
-    """(the task's score metric, "") or (None, why none can be chosen): the first accuracy-like
-    metric (see ACCURACY_LIKE), else the only one measured."""
+    """(the task's score metric, "") or (None, why none can be chosen).
+
+    It is the first accuracy-like metric (see ACCURACY_LIKE), else the only one measured.
+    """
     names = measured(metrics, directions)
     for wanted in ACCURACY_LIKE:
         for name in names:

@@ -9,9 +9,8 @@ from numbers import Real
 def finite_score(value: object) -> float | None:
     """``value`` as a float when it is a finite real number (0.0 included), else None.
 
-    Booleans, strings (numeric or not), None, NaN, +/-inf and numbers too large for a float
-    are all None: a score is only what lm-eval measured, never something coerced into
-    looking like one.
+    Booleans, strings, None, NaN, +/-inf and numbers too large for a float are all None. A score is
+    only what lm-eval measured, never something coerced into one.
     """
     if isinstance(value, bool) or not isinstance(value, Real):
         return None

@@ -23,8 +23,11 @@ _MOVED_ASIDE = re.compile(re.escape(SIDECAR_NAME) + r"\.stale-(?:\d+|bad-time)(?
 
 @dataclass(frozen=True)
 class Sidecar:
-    """One trip record file, as read: ``state`` is absent, unreadable (``error`` says why) or
-    valid (``trip`` is the document's ``verdict``, ``final`` its final counters)."""
+    """One trip record file, as read.
+
+    ``state`` is absent, unreadable (``error`` says why) or valid. When valid, ``trip`` is the
+    document's ``verdict`` and ``final`` its final counters.
+    """
 
     state: SidecarState
     path: Path
@@ -38,22 +41,21 @@ class Sidecar:
 
 
 def read_sidecar(result_dir: Path | str, now: float | None = None) -> Sidecar:
-    """Read ``result_dir``'s sidecar. Anything at its path that cannot be trusted is
-    ``unreadable`` (with the reason), never absent and never healthy: a dangling or outside
-    link, a FIFO or other special file, more than MAX_SIDECAR_BYTES, JSON nested too deep or
-    holding a non-finite number, anything ``trip_record_problem`` refuses, or a
-    ``tripped_at`` that lies in the future."""
+    """Read ``result_dir``'s sidecar.
+
+    Anything at its path that cannot be trusted is ``unreadable``, with the reason. It is never
+    absent and never healthy. The cases are listed in docs/reading.md.
+    """
     return read_trip_record(Path(result_dir), Path(result_dir) / SIDECAR_NAME, now)
 
 
 def read_trip_records(result_dir: Path | str, now: float | None = None) -> list[Sidecar]:
-    """The sidecar of ``result_dir`` (absent or not), every record moved aside beside it, in
-    name order, then the same in each of its subdirectories (lm-eval's model directories: a
-    sweep that points RESULT_DIR at each model's output path leaves its records there), the
-    absent ones left out. When ``result_dir`` cannot be listed its sidecar is unreadable: a
-    record there may have been missed. A subdirectory that cannot be listed, or is a link
-    leading outside ``result_dir``, is not read here: the results reader already makes it an
-    unavailable verdict."""
+    """Every trip record of ``result_dir`` and its subdirectories, absent ones left out.
+
+    Each directory gives its sidecar, then the records moved aside beside it, in name order. When
+    ``result_dir`` cannot be listed, its sidecar is unreadable. A subdirectory that cannot be read
+    is skipped here: the results reader already reports it. See docs/reading.md.
+    """
     root = Path(result_dir)
     now = time.time() if now is None else now
     try:

@@ -1,10 +1,9 @@
-"""Turning a result directory into verdicts, one per task of every run it holds: ok,
-below_floor or unavailable.
+"""Turning a result directory into verdicts: ok, below_floor or unavailable, per task of every run.
 
-A measured 0.0 is a measurement (below the floor); an error is not (unavailable); a task
-the probe cut short is never ok, and carries the probe's evidence; a score made of cut-off
-answers carries a caveat with its bound; a group is never better than its worst task; and
-evidence that contradicts itself is unavailable. Reading costs time linear in what is read.
+A measured 0.0 is below the floor; an error is unavailable. A task the probe cut short is never ok.
+A score made of cut-off answers carries a caveat. A group is never better than its worst task.
+Evidence that contradicts itself is unavailable. Reading costs time linear in what is read. See
+docs/reading.md.
 """
 
 from __future__ import annotations
@@ -33,8 +32,11 @@ _NO_RESULTS = "(lm-eval's results_<time>.json, or InferenceX's results_<time>_co
 
 @dataclass(frozen=True)
 class Options:
-    """The options of one ``read``: the floor and which side of it is better, the metric
-    (None: each task's first accuracy-like one), and the cap-rate rules."""
+    """The options of one ``read``.
+
+    They hold the floor and which side of it is better, and the cap-rate rules. ``metric`` None
+    means each task's first accuracy-like one.
+    """
 
     floor: float
     metric: str | None = None
@@ -43,8 +45,11 @@ class Options:
     cap_rate_fails: bool = False
 
     def fails_on(self, caveat: dict[str, Any] | None) -> bool:
-        """Whether ``caveat`` makes a score below_floor: --cap-rate-fails, and more than
-        --max-cap-rate cut off (a group's caveat taken from one of its tasks may be under it)."""
+        """Whether ``caveat`` makes a score below_floor.
+
+        That needs --cap-rate-fails, and more than --max-cap-rate cut off. A group's caveat taken
+        from a task may be under it.
+        """
         return bool(caveat and self.cap_rate_fails and caveat["cut_off"] / caveat["observations"] > self.max_cap_rate)
 
     def __post_init__(self) -> None:
@@ -115,10 +120,11 @@ def classify(
 
 
 def select(verdicts: list[Verdict], task: str) -> list[Verdict]:
-    """The verdicts on ``task``, and every verdict on a whole evaluation (a concurrency that
-    failed, a file that cannot be read, a run that left no results): a filter never drops
-    what applies to it. When no run has the task, one unavailable verdict names the tasks
-    there are."""
+    """The verdicts on ``task``, and every verdict on a whole evaluation.
+
+    A filter never drops what applies to it. When no run has the task, one unavailable verdict names
+    the tasks there are.
+    """
     chosen = [v for v in verdicts if v.task == task or v.applies_to_every_task]
     if any(v.task == task for v in chosen):
         return chosen
@@ -268,9 +274,11 @@ class _Judge:
 
     @staticmethod
     def unobserved(c: Any, task: str, figures: dict | None) -> str:
-        """Why the probe did not see every generation lm-eval scored for a generate task (an
-        unprobed run, or answers replayed from lm-eval's cache, which reach no model), or "" when
-        it saw them all."""
+        """Why the probe missed some generations lm-eval scored for a generate task, or "".
+
+        Examples are an unprobed run, or answers replayed from lm-eval's cache, which reach no
+        model.
+        """
         if task not in c.generate_tasks:
             return ""
         if c.evidence is None:
@@ -291,8 +299,11 @@ class _Judge:
     def score(
         self, source: Source, value: float, figures: dict | None, caveat: dict | None, unknown: str = "", **base: Any
     ) -> Verdict:
-        """The verdict a finite score gets, with its caveat (None when none is due) and ``unknown``:
-        why its cap rate is not known, if it is not."""
+        """The verdict a finite score gets.
+
+        It comes with its caveat (None when none is due) and ``unknown``: why its cap rate is not
+        known, if it is not.
+        """
         options = self.options
         quiet = ev.silence(figures) if figures else None
         cause = quiet and "did not answer"
@@ -310,8 +321,11 @@ class _Judge:
 
 
 class _RunFacts:
-    """What one run's evidence and trip record say, computed once per run: each task's
-    figures, the tasks a trip cut short, and whether the mapping to tasks is known."""
+    """What one run's evidence and trip record say, computed once per run.
+
+    They give each task's figures, the tasks a trip cut short, and whether the mapping to tasks is
+    known.
+    """
 
     def __init__(self, candidate: Candidate, trip: TripContext | None) -> None:
         evidence = candidate.evidence or {}
@@ -410,18 +424,23 @@ def _follow(group: Verdict, members: list[Verdict], groups: dict[str, list[str]]
 
 
 def _culprit(member: Verdict, what: str, groups: dict[str, list[str]]) -> str:
-    """What a group says of the member it follows. A member that is a group itself passes on
-    what it says of its own culprit: the task at the bottom is named, and a reason never
-    grows with the depth of the nesting (which would make reading quadratic)."""
+    """What a group says of the member it follows.
+
+    A nested group passes on what it says of its own culprit, so the task at the bottom is named. A
+    reason never grows with the depth of nesting, which keeps reading linear.
+    """
     if member.task in groups and member.reason.startswith("its task "):
         return member.reason
     return f"its task {member.task!r} {what} ({member.reason})"
 
 
 def _rule_view(figures: dict[str, Any]) -> dict[str, Any]:
-    """What the rule counted, from a task's figures: a generation the loop detector flagged
-    counted once, when flagged, as pathological with cause repetition (its ending, if any, is
-    filed in ``flagged_endings`` and is not counted again); every other ending by its label."""
+    """What the rule counted, from a task's figures.
+
+    A flagged generation counts once, when flagged, as pathological with cause repetition. Its
+    ending, if any, is filed in ``flagged_endings`` and not counted again. Every other ending counts
+    by its label.
+    """
     reasons = figures.get("finish_reasons") or {}
     flagged = figures.get("flagged") or 0
     endings = figures.get("flagged_endings") or {}

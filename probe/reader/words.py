@@ -17,10 +17,12 @@ from probe.runtime.core.contract import PATHOLOGY, cause_words
 
 @dataclass(frozen=True)
 class TripWords:
-    """What a verdict says of a trip: ``reason`` (the start of the verdict's reason),
-    ``cause`` (the table's cause cell), ``finding`` (what the model did), ``ended`` (how the
-    generations it observed ended, with ``{caps}`` for the caps seen) and ``advice`` (what
-    to change; None for a record that names no cause)."""
+    """What a verdict says of a trip.
+
+    ``reason`` starts the verdict's reason. ``cause`` is the table's cause cell. ``finding`` says
+    what the model did. ``ended`` says how the observed generations ended, with ``{caps}`` for the
+    caps seen. ``advice`` says what to change, None for a record that names no cause.
+    """
 
     reason: str
     cause: str
@@ -30,9 +32,12 @@ class TripWords:
 
 
 def trip_words(record: Mapping[str, Any] | None) -> TripWords:
-    """The words for ``record`` (a trip record, or None when only a results file's evidence
-    is at hand): its ``pathology`` and, when the record names one, its ``cause``, in the
-    words of the runtime's glossary (``probe.runtime.core.contract.cause_words``)."""
+    """The words for ``record``, a trip record, or None when only a results file's evidence is at
+    hand.
+
+    They describe its ``pathology`` and, when named, its ``cause``. The words are the runtime's
+    glossary's (``probe.runtime.core.contract.cause_words``).
+    """
     pathology = (record or {}).get("pathology") or PATHOLOGY
     cause = (record or {}).get("cause")
     reason = f"generation pathology: {pathology}"
@@ -47,9 +52,12 @@ def trip_words(record: Mapping[str, Any] | None) -> TripWords:
 
 
 def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
-    """The loop detector's line for a task's (or group's) evidence: how many generations it
-    read as they came and how many it flagged, and how those that then ended ended (its
-    precision on this run); None when it read and flagged none, or the evidence predates it."""
+    """The loop detector's line for a task's or group's evidence.
+
+    It says how many generations it read as they came, how many it flagged, and how those then
+    ended. That is its precision on this run. None when it read and flagged none, or the evidence
+    predates it.
+    """
     flagged, watched = (figures or {}).get("flagged"), (figures or {}).get("watched")
     read = (
         f"it read {watched} of the {_count(figures, 'observations')} generations observed as they came"
