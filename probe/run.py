@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,9 +20,9 @@ from probe import processgroup
 from probe.inject import sitecustomize_text
 from probe.lmeval_args import results_dir_of
 from probe.runtime.core.contract import ENV_REPORT, ENV_SWITCH, RESULT_DIR_VARS, read_settings
-from probe.runtime.scope.log import PREFIX
+from probe.runtime.scope.log import PREFIX, one_line
 from probe.runtime.scope.report import forward_report, note_nested
-from probe.summary import shown, signal_name, summary
+from probe.summary import signal_name, summary
 
 # SIGQUIT too: Ctrl-\ at a terminal reaches only eval-probe (the command has a session of its own).
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -46,6 +47,7 @@ def run(command: list[str], result_dir: str | None = None) -> int:
 
 
 def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> int:
+    started = time.time()
     chosen = result_dir or results_dir_of(command)
     made: Path | None = None
     if chosen:
@@ -82,7 +84,10 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
             _say(_left_behind_warning(left_behind, site, result))
         if outer:
             forward_report(str(report), outer)
-        line = summary(result, report, -status if status < 0 else None, len(left_behind), switched_off)
+        try:
+            line = summary(result, report, -status if status < 0 else None, len(left_behind), switched_off, started)
+        except Exception as error:  # the command's records are any file; its exit code must never be lost
+            line = f"summary: not known: its records could not be read ({error!r}); run eval-probe read {result}"
         if made is not None and _holds_anything(made):
             line += f"; results kept in {made}"
         _say(line)
@@ -300,4 +305,4 @@ def _after_env(command: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _say(message: str) -> None:
-    print(f"{PREFIX} {shown(message)}", file=sys.stderr, flush=True)
+    print(f"{PREFIX} {one_line(message)}", file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ from probe.reader.sidecar import Sidecar, read_sidecar, read_trip_records
 from probe.runtime.core.contract import ENV_SWITCH, EVIDENCE_KEY, SIDECAR_NAME, cause_words
 from probe.runtime.core.evidence import is_pathological
 from probe.runtime.core.sidecar import is_count
+from probe.runtime.scope.log import one_line
 from probe.runtime.scope.report import read_notes, read_report
 
 # What to read when the directory is not known.
@@ -54,29 +55,26 @@ class Summary:
             sentences[-1] += f"; still running then: {self.still_running} process(es) it started (listed above)"
         if self.reads:
             sentences.append("Next: " + "; ".join(f"eval-probe read {where}" for where in self.reads))
-        return shown(". ".join(sentences))
-
-
-def shown(text: str) -> str:
-    """``text`` on one line, as it may be printed.
-
-    What does not print, such as a newline or an escape sequence in a path, is written as its
-    escape.
-    """
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+        return one_line(". ".join(sentences))
 
 
 def summary(
-    result_dir: Path, report: Path, ended_by: int | None = None, still_running: int = 0, switched_off: str = ""
+    result_dir: Path,
+    report: Path,
+    ended_by: int | None = None,
+    still_running: int = 0,
+    switched_off: str = "",
+    started: float | None = None,
 ) -> str:
     """The summary line of a command.
 
     ``result_dir`` is its results directory and ``report`` the file its probe reported to.
     ``ended_by`` is the signal that ended it, if one did. With ``still_running`` processes, no trip
     yet is no verdict. ``switched_off`` is the probe's switch when the command started switched off.
+    No trip record or nested report from before ``started`` (when the command started) is its own.
     See docs/cli.md.
     """
-    return summarise(result_dir, report, ended_by, still_running, switched_off).line()
+    return summarise(result_dir, report, ended_by, still_running, switched_off, started).line()
 
 
 @dataclass(frozen=True)
@@ -98,27 +96,30 @@ class _Command:
     active: bool  # the probe was active (installed on lm-eval or vLLM) in a process of the command
 
 
-# How many nested eval-probe run reports are read, at most (each names its own; any process may write).
-_NESTED = 32
+# How many nested eval-probe run reports are read, at most (any process of the command may note one).
+_NESTED = 64
 
 
-def _command(result_dir: Path, report: Path) -> _Command:
+def _command(result_dir: Path, report: Path, started: float | None = None) -> _Command:
     reports, evaluations, seen = [str(report)], [], set()
     tripping: dict[str, str | None] = {}
     saved: dict[str, list[str]] = {}
     for path in reports:
         for evaluation in read_report(path):
             run = evaluation.get("run_id")
-            if not isinstance(run, str) or run not in seen:  # a nested report is also forwarded once it ends
-                seen.add(run)
-                evaluations.append(evaluation)
+            if isinstance(run, str) and run in seen:  # a nested report is also forwarded once it ends
+                continue
+            seen.add(run if isinstance(run, str) else "")
+            evaluations.append(evaluation)
         notes = read_notes(path)
         tripping.update(notes.tripping)
         for run, paths in notes.saved.items():
             saved.setdefault(run, []).extend(paths)
-        reports += [n for n in notes.nested if n not in reports][: _NESTED - len(reports)]
-    reported = {e.get("run_id") for e in evaluations}
-    ours = {run for run in reported | set(tripping) if isinstance(run, str)}
+        for nested in notes.nested:  # each file once, however it is spelt
+            if len(reports) < _NESTED and _fresh(nested, started) and len(_once([*reports, nested])) > len(reports):
+                reports.append(nested)
+    reported = {run for e in evaluations if isinstance(run := e.get("run_id"), str)}
+    ours = reported | set(tripping)
     places = [where for run, where in tripping.items() if where]
     # Trip records are looked for in the results directory, and where the notes and reports say each went.
     found_in = [result_dir, *(Path(p).parent for p in [*places, *_named_records(evaluations)])]
@@ -126,20 +127,40 @@ def _command(result_dir: Path, report: Path) -> _Command:
     return _Command(
         evaluations, ours, sorted(set(tripping) - reported),
         _once([results_dir_at(path) for run, paths in saved.items() if run in ours for path in paths]), places,
-        _once_by_path([r for r in found if r.trip.get("run_id") in ours]),
+        _once_by_path([r for r in found if r.trip.get("run_id") in ours and _after(r, started)]),
         any(os.path.lexists(f"{path}.active") for path in reports),
     )  # fmt: skip
 
 
+def _fresh(path: str, started: float | None) -> bool:
+    """Whether a nested report is there, and was written since the command started (a leftover
+    of an earlier command is no part of it)."""
+    try:
+        return started is None or os.stat(path).st_mtime >= started - 1
+    except (OSError, ValueError):
+        return False
+
+
+def _after(record: Sidecar, started: float | None) -> bool:
+    """Whether ``record`` was written since the command started (an earlier run's is not its)."""
+    when = record.trip.get("tripped_at")
+    return started is None or (isinstance(when, int | float) and when >= started - 1)
+
+
 def summarise(
-    result_dir: Path, report: Path, ended_by: int | None = None, still_running: int = 0, switched_off: str = ""
+    result_dir: Path,
+    report: Path,
+    ended_by: int | None = None,
+    still_running: int = 0,
+    switched_off: str = "",
+    started: float | None = None,
 ) -> Summary:
     """What is known of the command, as :func:`summary` words it."""
     common = {"signal": ended_by, "still_running": still_running}
     sidecar = read_sidecar(result_dir)
     if sidecar.state is SidecarState.UNREADABLE:
         return Summary(f"the sidecar is unreadable ({sidecar.error})", **common)
-    command = _command(result_dir, report)
+    command = _command(result_dir, report, started)
     if sidecar.state is SidecarState.VALID and sidecar.trip.get("run_id") not in command.ours:
         common["other"] = str(sidecar.path)
     here = [r for r in command.records if _inside(r.path, result_dir)]
@@ -158,7 +179,7 @@ def summarise(
     if command.unreported:  # a trip was noted, then its process ended before it reported, and no record is found
         return Summary(
             f"not known: a trip of run {', '.join(command.unreported)} was noted, but its process ended before "
-            "it reported, and its trip record is not found"
+            "it reported, and no trip record of it written by this command is found"
             + (f" where it was to be written ({'; '.join(command.noted_places)})" if command.noted_places else "")
             + ": it was removed, or never written (then nothing was answered blank)",
             tuple(command.saved), **common,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -571,14 +572,24 @@ def test_a_killed_nested_eval_probe_run_still_tells_the_outer_one(sim, local_tas
     assert "another run's" not in line and "NOT WATCHED" not in line, line
 
 
-def test_a_save_that_failed_is_never_named_as_where_results_are(sim, local_task, tmp_path: Path) -> None:
+@pytest.mark.parametrize("blocked", ["the output path's parent", "the model's directory"])
+def test_a_save_that_failed_is_never_named_as_where_results_are(sim, local_task, tmp_path: Path, blocked: str) -> None:
     # lm-eval logs "Could not save results aggregated" and goes on: nothing is there to read.
-    server, blocker = sim("healthy"), tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", blocker / "res", 2048, 8))
+    server = sim("healthy")
+    if blocked == "the model's directory":  # lm-eval writes OUTPUT/<model>/results_<time>.json
+        output = tmp_path / "out"
+        output.mkdir()
+        (output / "sim").write_text("not a directory")
+    else:
+        (tmp_path / "a-file").write_text("not a directory")
+        output = tmp_path / "a-file" / "res"
+    run = eval_probe_run(tmp_path, *local_task.lm_eval_command(server.base_url, "sim", output, 2048, 8))
     assert run.returncode == 0, run.stderr[-3000:]
     [line] = [line for line in run.stderr.splitlines() if "summary:" in line]
-    assert "the probe did not trip" in line and "eval-probe read" not in line, line
+    assert "the probe did not trip" in line, line
+    # What it names holds a results file (InferenceX's lm-eval makes no model directory, and saves).
+    for named in re.findall(r"eval-probe read (\S+)", line):
+        assert list(Path(named).rglob("results_*.json")), (named, line)
 
 
 def test_the_summary_never_calls_a_flag_cut_off(tmp_path: Path) -> None:

@@ -45,9 +45,24 @@ def _note_where(tracker: Any, results: Any) -> None:
     if not (output_path and isinstance(output_path, str | os.PathLike) and isinstance(run_id, str)):
         return
     where = os.path.abspath(os.fspath(output_path))
-    # lm-eval logs a failed save and goes on: a directory it never made holds nothing to read.
-    if os.path.isdir(os.path.dirname(where) if PurePath(where).suffix == ".json" else where):
+    if _written(tracker, where):
         note_saved(run_id, where)
+
+
+def _written(tracker: Any, where: str) -> bool:
+    """Whether lm-eval wrote this save's results file under ``where``: it logs a failed save and
+    goes on. The file is named as lm-eval names it (``<stem>_<date_id>.json`` beside a ``.json``
+    path, else ``results_<date_id>.json`` in the model's directory); a release that records no
+    ``date_id`` is asked only for the directory."""
+    path = PurePath(where)
+    json_path = path.suffix == ".json"
+    date_id = getattr(tracker, "date_id", None)
+    if not isinstance(date_id, str):
+        return os.path.isdir(path.parent if json_path else path)
+    if json_path:
+        return os.path.isfile(path.with_name(f"{path.stem}_{date_id}.json"))
+    model = getattr(getattr(tracker, "general_config_tracker", None), "model_name_sanitized", None)
+    return os.path.isfile(path / str(model if model is not None else "") / f"results_{date_id}.json")
 
 
 def carry_evidence(evaluation_tracker: Any) -> None:

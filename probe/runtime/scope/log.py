@@ -12,10 +12,18 @@ import threading
 PREFIX = "[lm-eval-probe]"
 
 
+def one_line(text: str) -> str:
+    """``text`` as one printable line: what does not print (a newline, an escape sequence from a
+    path) is written as its escape, so no line can pass for another."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def say(message: str) -> None:
     """Write one line on stderr; never raises."""
     try:
-        sys.stderr.write(f"{PREFIX} {message}\n")
+        sys.stderr.write(f"{PREFIX} {one_line(message)}\n")
         sys.stderr.flush()
     except Exception:
         pass

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ def _open(path: str, flags: int) -> int:
 # No command's evaluations come near this (each adds tens of kilobytes); past it the file is no
 # report the probe wrote, and is never loaded whole.
 MAX_REPORT_BYTES = 64 << 20
+# How long a process waits for the report's lock before it gives up writing (and says so).
+LOCK_WAIT_S = 10.0
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
@@ -70,10 +73,18 @@ def _locked(path: str) -> Iterator[None]:
     with os.fdopen(_open(f"{path}.lock", _APPEND), "a") as lock:
         try:
             import fcntl
-
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         except ImportError:
-            pass
+            fcntl = None
+        # Bounded: a process that holds the lock for good must not hold lm-eval's exit with it.
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while fcntl is not None:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OSError(f"{path}.lock stayed held for {LOCK_WAIT_S:g} s") from None
+                time.sleep(0.05)
         yield  # the lock goes with the file when it is closed
 
 
@@ -127,7 +138,8 @@ def note_nested(outer: str, inner: str) -> None:
     ``inner``: the outer one reads it too, even when the inner one is killed."""
     with contextlib.suppress(OSError, ValueError, TypeError):
         line = json.dumps({"nested": inner})
-        with os.fdopen(_open(f"{outer}.active", _APPEND), "a") as noted:
+        # Not in REPORT.active, whose existence says that the probe was active in the command.
+        with os.fdopen(_open(f"{outer}.nested", _APPEND), "a") as noted:
             noted.write(line + "\n")
 
 
@@ -147,7 +159,7 @@ def read_notes(path: str) -> Notes:
     """The notes beside the report at ``path``, in the order they were written (a trip noted,
     then not applied, is not noted)."""
     notes = Notes()
-    for line in _noted(path):
+    for line in _noted(path) + _noted(path, ".nested"):
         if _is_run_id(line):  # a trip noted by identity alone
             notes.tripping[line] = None
             continue
@@ -167,10 +179,10 @@ def read_notes(path: str) -> Notes:
     return notes
 
 
-def _noted(path: str) -> list[str]:
-    """The lines beside the report at ``path``."""
+def _noted(path: str, beside: str = ".active") -> list[str]:
+    """The lines beside the report at ``path`` (in ``path + beside``)."""
     try:
-        with os.fdopen(_open(f"{path}.active", os.O_RDONLY), encoding="utf-8", errors="replace") as noted:
+        with os.fdopen(_open(f"{path}{beside}", os.O_RDONLY), encoding="utf-8", errors="replace") as noted:
             return noted.read(MAX_REPORT_BYTES).splitlines()
     except OSError:
         return []
@@ -229,6 +241,7 @@ def forward_report(path: str, outer: str) -> None:
         evaluations = read_report(path)
         if evaluations:
             add_to_report(outer, evaluations)
-        if os.path.lexists(f"{path}.active"):
-            with os.fdopen(_open(f"{outer}.active", _APPEND), "a") as noted:
-                noted.write("".join(f"{line}\n" for line in _noted(path)))
+        for beside in (".active", ".nested"):
+            if os.path.lexists(f"{path}{beside}"):
+                with os.fdopen(_open(f"{outer}{beside}", _APPEND), "a") as noted:
+                    noted.write("".join(f"{line}\n" for line in _noted(path, beside)))
