@@ -305,4 +305,10 @@ def _after_env(command: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _say(message: str) -> None:
-    print(f"{PREFIX} {one_line(message)}", file=sys.stderr, flush=True)
+    """One line on stderr. A reader that went away (``| head -1``) must not end eval-probe, and
+    with it the command, nor change its exit code: the lines are then dropped."""
+    try:
+        print(f"{PREFIX} {one_line(message)}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - it lives as long as the process

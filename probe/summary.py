@@ -134,11 +134,15 @@ def _command(result_dir: Path, report: Path, started: float | None = None) -> _C
 
 def _fresh(path: str, started: float | None) -> bool:
     """Whether a nested report is there, and was written since the command started (a leftover
-    of an earlier command is no part of it)."""
-    try:
-        return started is None or os.stat(path).st_mtime >= started - 1
-    except (OSError, ValueError):
-        return False
+    of an earlier command is no part of it). A run killed mid-evaluation may have left only the
+    notes beside its report."""
+    for beside in ("", ".active", ".nested"):
+        try:
+            if started is None or os.stat(f"{path}{beside}").st_mtime >= started - 1:
+                return os.path.lexists(f"{path}{beside}")
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def _after(record: Sidecar, started: float | None) -> bool:

@@ -60,8 +60,8 @@ def test_every_nested_report_that_is_there_is_read(tmp_path: Path) -> None:
     inner = tmp_path / "inner" / "observed.json"
     inner.parent.mkdir()
     sidecar = record(tmp_path / "out", RUN, time.time())
+    # Killed mid-evaluation: only the notes beside its report are there, not the report.
     Path(f"{inner}.active").write_text(json.dumps({"tripping": RUN, "sidecar": str(sidecar)}) + "\n")
-    inner.touch()
     observed = tmp_path / "observed.json"
     gone = [json.dumps({"nested": str(tmp_path / f"gone-{i}" / "observed.json")}) for i in range(100)]
     Path(f"{observed}.nested").write_text("\n".join([*gone, json.dumps({"nested": str(inner)})]) + "\n")
@@ -107,3 +107,13 @@ def test_a_report_lock_held_for_good_never_holds_the_evaluation(tmp_path: Path, 
         with pytest.raises(OSError, match="stayed held"):
             report.add_to_report(str(observed), [{"schema_version": 1}])
         assert time.monotonic() - begun < 5
+
+
+def test_a_reader_that_went_away_never_ends_the_command_nor_changes_its_exit_code(tmp_path: Path) -> None:
+    # Hostile round 6: `eval-probe run -- ... 2>&1 | head -c 5` killed the command and exited 1.
+    ran = tmp_path / "ran"
+    script = (
+        f"{PYTHON} -m probe run -- bash -c 'sleep 1; touch {ran}; exit 5' 2>&1 | head -c 5; exit ${{PIPESTATUS[0]}}"
+    )
+    run = subprocess.run(["bash", "-c", script], env=offline_env(None), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 5 and ran.exists(), (run.returncode, run.stdout, run.stderr)
