@@ -94,6 +94,7 @@ class _Command:
     noted_places: list[str]
     records: list[Sidecar]
     active: bool  # the probe was active (installed on lm-eval or vLLM) in a process of the command
+    silent: int  # nested runs where the probe was active, that reported no evaluation and noted no trip
 
 
 # How many nested eval-probe run reports are read, at most (any process of the command may note one).
@@ -104,14 +105,17 @@ def _command(result_dir: Path, report: Path, started: float | None = None) -> _C
     reports, evaluations, seen = [str(report)], [], set()
     tripping: dict[str, str | None] = {}
     saved: dict[str, list[str]] = {}
+    silent = 0
     for path in reports:
-        for evaluation in read_report(path):
+        own = read_report(path)
+        notes = read_notes(path)
+        silent += path != str(report) and not own and not notes.tripping and os.path.lexists(f"{path}.active")
+        for evaluation in own:
             run = evaluation.get("run_id")
             if isinstance(run, str) and run in seen:  # a nested report is also forwarded once it ends
                 continue
             seen.add(run if isinstance(run, str) else "")
             evaluations.append(evaluation)
-        notes = read_notes(path)
         tripping.update(notes.tripping)
         for run, paths in notes.saved.items():
             saved.setdefault(run, []).extend(paths)
@@ -128,7 +132,7 @@ def _command(result_dir: Path, report: Path, started: float | None = None) -> _C
         evaluations, ours, sorted(set(tripping) - reported),
         _once([results_dir_at(path) for run, paths in saved.items() if run in ours for path in paths]), places,
         _once_by_path([r for r in found if r.trip.get("run_id") in ours and _after(r, started)]),
-        any(os.path.lexists(f"{path}.active") for path in reports),
+        any(os.path.lexists(f"{path}.active") for path in reports), silent,
     )  # fmt: skip
 
 
@@ -196,7 +200,9 @@ def summarise(
     if not _as_written(command.evaluations):
         return Summary(f"not known: no evaluation in the probe's report {report} says it tripped, but its figures "
                        "are not as the probe writes them", (str(result_dir),), **common)  # fmt: skip
-    return Summary(_healthy(command.evaluations), tuple(command.saved), **common)
+    silent = (f"; {command.silent} nested eval-probe run(s) loaded the probe but reported no evaluation (killed "
+              "before its end, or it evaluated nothing): not watched to its end") if command.silent else ""  # fmt: skip
+    return Summary(_healthy(command.evaluations) + silent, tuple(command.saved), **common)
 
 
 def _tripped(result_dir: Path, command: _Command, here: list[Sidecar], common: dict[str, Any]) -> Summary:
@@ -206,11 +212,13 @@ def _tripped(result_dir: Path, command: _Command, here: list[Sidecar], common: d
     is one of them.
     """
     elsewhere = [r for r in command.records if r not in here]
-    tripped = sum(e.get("tripped") is True for e in command.evaluations)
+    # The evaluations that ended before they reported count too: each noted its trip.
+    tripped = sum(e.get("tripped") is True for e in command.evaluations) + len(command.unreported)
+    total = len(command.evaluations) + len(command.unreported)
     reads = _once([str(result_dir)] * bool(here) + [str(Path(r.path).parent) for r in elsewhere] + command.saved)
     if not here:
         return Summary(
-            f"TRIPPED in {max(tripped, len(elsewhere))} of {max(len(command.evaluations), len(elsewhere))} "
+            f"TRIPPED in {max(tripped, len(elsewhere))} of {max(total, len(elsewhere))} "
             f"evaluation(s), whose trip record is not in {result_dir}: " + "; ".join(str(r.path) for r in elsewhere),
             reads, **common,
         )  # fmt: skip

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.procs import PYTHON
+from support.resultfiles import figures
 
 from probe.demo.localtask import offline_env
 from probe.runtime.core import contract
@@ -117,3 +118,36 @@ def test_a_reader_that_went_away_never_ends_the_command_nor_changes_its_exit_cod
     )
     run = subprocess.run(["bash", "-c", script], env=offline_env(None), capture_output=True, text=True, timeout=120)
     assert run.returncode == 5 and ran.exists(), (run.returncode, run.stdout, run.stderr)
+
+
+def healthy_report(path: Path, run: str = "d" * 32 + ".8") -> None:
+    task = figures(observations=4, finish_reasons={"stop": 4}, cut_off=0, cut_off_rate=0.0)
+    group = {"tripped": False, "observations": 4, "pathological": 0}
+    evaluation = {"schema_version": 1, "tripped": False, "run_id": run, "unattributed": None, "groups": [group],
+                  "tasks": {"t": task}}  # fmt: skip
+    path.write_text(json.dumps({"schema_version": 1, "evaluations": [evaluation]}))
+    Path(f"{path}.active").touch()
+
+
+def test_a_nested_run_killed_before_it_reported_is_said_beside_a_healthy_one(tmp_path: Path) -> None:
+    # Hostile round 7: a killed sibling (the probe loaded, nothing reported) vanished behind a
+    # healthy one's "did not trip".
+    started = time.time()
+    observed, killed = tmp_path / "observed.json", tmp_path / "killed" / "observed.json"
+    healthy_report(observed)
+    killed.parent.mkdir()
+    Path(f"{killed}.active").touch()
+    Path(f"{observed}.nested").write_text(json.dumps({"nested": str(killed)}) + "\n")
+    line = summary(tmp_path / "results", observed, started=started)
+    assert "the probe did not trip" in line and "1 nested eval-probe run(s) loaded the probe but reported" in line
+
+
+def test_an_evaluation_that_tripped_and_never_reported_is_counted(tmp_path: Path) -> None:
+    started = time.time()
+    observed = tmp_path / "observed.json"
+    healthy_report(observed)
+    sidecar = record(tmp_path / "elsewhere", RUN, time.time())
+    with open(f"{observed}.active", "a") as notes:
+        notes.write(json.dumps({"tripping": RUN, "sidecar": str(sidecar)}) + "\n")
+    line = summary(tmp_path / "results", observed, started=started)
+    assert "TRIPPED in 1 of 2 evaluation(s)" in line, line
