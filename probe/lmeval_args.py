@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from pathlib import PurePath
+
+from probe.runtime.evaluator.results import results_dir_at
 
 # One option: its strings and argparse's nargs (0 for a flag that takes no value).
 Option = tuple[tuple[str, ...], int | str | None]
@@ -120,16 +121,6 @@ def results_dir_of(command: Sequence[str], options: Sequence[Option] | None = No
     if known is not None and getattr(known, "config", None):
         path = _output_path_in_config(known.config)
     return results_dir_at(path) if isinstance(path, str) else None
-
-
-def results_dir_at(output_path: str) -> str:
-    """The directory to read for lm-eval's ``output_path``.
-
-    It is the path itself, or the directory of a path whose ``pathlib`` suffix is ``.json``. lm-eval
-    then writes ``<stem>_<time>.json`` beside it. ``res.json/`` counts as such a path; ``.json``
-    does not.
-    """
-    return str(PurePath(output_path).parent) if PurePath(output_path).suffix == ".json" else output_path
 
 
 def _known(command: Sequence[str], options: Sequence[Option] | None) -> argparse.Namespace | None:

@@ -46,7 +46,14 @@ def _note_where(tracker: Any, results: Any) -> None:
         return
     where = os.path.abspath(os.fspath(output_path))
     if _written(tracker, where):
-        note_saved(run_id, where)
+        note_saved(run_id, results_dir_at(where))
+
+
+def results_dir_at(output_path: str) -> str:
+    """The directory to read for lm-eval's ``output_path``: the path itself, or the directory of a
+    path whose ``pathlib`` suffix is ``.json`` (``res.json/`` included, ``.json`` not), beside
+    which lm-eval writes ``<stem>_<time>.json``."""
+    return str(PurePath(output_path).parent) if PurePath(output_path).suffix == ".json" else output_path
 
 
 def _written(tracker: Any, where: str) -> bool:
@@ -58,7 +65,7 @@ def _written(tracker: Any, where: str) -> bool:
     json_path = path.suffix == ".json"
     date_id = getattr(tracker, "date_id", None)
     if not isinstance(date_id, str):
-        return os.path.isdir(path.parent if json_path else path)
+        return os.path.isdir(results_dir_at(where))
     if json_path:
         return os.path.isfile(path.with_name(f"{path.stem}_{date_id}.json"))
     model = getattr(getattr(tracker, "general_config_tracker", None), "model_name_sanitized", None)

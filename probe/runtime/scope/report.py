@@ -106,13 +106,14 @@ def add_to_report(path: str, evaluations: list[dict[str, Any]]) -> None:
         )
 
 
-def _note(entry: dict[str, Any]) -> None:
-    """Under ``eval-probe run``: add ``entry`` as one line to ``REPORT.active``; never raises."""
-    path = os.environ.get(ENV_REPORT)
+def _note(entry: dict[str, Any], report: str | None = None, beside: str = ".active") -> None:
+    """Add ``entry`` as one line beside the report (``report``, else the one ``eval-probe run``
+    named: ``REPORT.active``, or ``beside``); never raises."""
+    path = report or os.environ.get(ENV_REPORT)
     if path:
         with contextlib.suppress(OSError, ValueError, TypeError):
             line = json.dumps(entry)
-            with os.fdopen(_open(f"{path}.active", _APPEND), "a") as noted:
+            with os.fdopen(_open(f"{path}{beside}", _APPEND), "a") as noted:
                 noted.write(line + "\n")
 
 
@@ -127,20 +128,16 @@ def note_not_applied(run_id: str) -> None:
     _note({"not_applied": run_id})
 
 
-def note_saved(run_id: str, output_path: str) -> None:
-    """Note that lm-eval saved the results of ``run_id`` at ``output_path`` (made absolute here,
-    where lm-eval resolves it)."""
-    _note({"run_id": run_id, "saved": os.path.abspath(output_path)})
+def note_saved(run_id: str, results: str) -> None:
+    """Note that lm-eval saved the results of ``run_id`` in the directory ``results`` (absolute)."""
+    _note({"run_id": run_id, "saved": results})
 
 
 def note_nested(outer: str, inner: str) -> None:
     """Note, beside the report at ``outer``, that an ``eval-probe run`` inside it reports to
-    ``inner``: the outer one reads it too, even when the inner one is killed."""
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        line = json.dumps({"nested": inner})
-        # Not in REPORT.active, whose existence says that the probe was active in the command.
-        with os.fdopen(_open(f"{outer}.nested", _APPEND), "a") as noted:
-            noted.write(line + "\n")
+    ``inner``: the outer one reads it too, even when the inner one is killed. Not in
+    ``REPORT.active``, whose existence says that the probe was active in the command."""
+    _note({"nested": inner}, outer, ".nested")
 
 
 @dataclass
