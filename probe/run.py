@@ -85,7 +85,8 @@ def _run(command: list[str], result_dir: str | None, forwarder: _Forwarder) -> i
         if outer:
             forward_report(str(report), outer)
         try:
-            line = summary(result, report, -status if status < 0 else None, len(left_behind), switched_off, started)
+            line = summary(result, report, ended_by=-status if status < 0 else None, still_running=len(left_behind),
+                           switched_off=switched_off, started=started)  # fmt: skip
         except Exception as error:  # the command's records are any file; its exit code must never be lost
             line = f"summary: not known: its records could not be read ({error!r}); run eval-probe read {result}"
         if made is not None and _holds_anything(made):

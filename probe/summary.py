@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probe.lmeval_args import results_dir_at
 from probe.reader.documents import Unreadable
 from probe.reader.evidence import cap_rate, run_evidence
 from probe.reader.model import SidecarState
@@ -58,23 +57,10 @@ class Summary:
         return one_line(". ".join(sentences))
 
 
-def summary(
-    result_dir: Path,
-    report: Path,
-    ended_by: int | None = None,
-    still_running: int = 0,
-    switched_off: str = "",
-    started: float | None = None,
-) -> str:
-    """The summary line of a command.
-
-    ``result_dir`` is its results directory and ``report`` the file its probe reported to.
-    ``ended_by`` is the signal that ended it, if one did. With ``still_running`` processes, no trip
-    yet is no verdict. ``switched_off`` is the probe's switch when the command started switched off.
-    No trip record or nested report from before ``started`` (when the command started) is its own.
-    See docs/cli.md.
-    """
-    return summarise(result_dir, report, ended_by, still_running, switched_off, started).line()
+def summary(result_dir: Path, report: Path, **context: Any) -> str:
+    """The summary line of a command whose results directory is ``result_dir`` and whose probe
+    reported to ``report``; ``context`` as :func:`summarise` takes it. See docs/cli.md."""
+    return summarise(result_dir, report, **context).line()
 
 
 @dataclass(frozen=True)
@@ -130,7 +116,7 @@ def _command(result_dir: Path, report: Path, started: float | None = None) -> _C
     found = [r for place in _once(found_in) for r in read_trip_records(place) if r.state is SidecarState.VALID]
     return _Command(
         evaluations, ours, sorted(set(tripping) - reported),
-        _once([results_dir_at(path) for run, paths in saved.items() if run in ours for path in paths]), places,
+        _once([path for run, paths in saved.items() if run in ours for path in paths]), places,
         _once_by_path([r for r in found if r.trip.get("run_id") in ours and _after(r, started)]),
         any(os.path.lexists(f"{path}.active") for path in reports), silent,
     )  # fmt: skip
@@ -163,7 +149,10 @@ def summarise(
     switched_off: str = "",
     started: float | None = None,
 ) -> Summary:
-    """What is known of the command, as :func:`summary` words it."""
+    """What is known of the command. ``ended_by`` is the signal that ended it, if one did. With
+    ``still_running`` processes, no trip yet is no verdict. ``switched_off`` is the probe's switch
+    when the command started switched off. No trip record or nested report from before
+    ``started`` (when the command started) is its own."""
     common = {"signal": ended_by, "still_running": still_running}
     sidecar = read_sidecar(result_dir)
     if sidecar.state is SidecarState.UNREADABLE:
