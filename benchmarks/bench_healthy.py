@@ -1,27 +1,23 @@
-"""Cost of the probe on a healthy run, and its start-up cost in a process without lm-eval.
+"""Cost of the probe on a healthy run (its start-up cost: ``bench_startup.py``).
 
-1. Stopping (healthy) simulated models whose answer lengths vary as real ones do (the
-   simulated server's ``lognormal`` and ``reasoning`` length profiles), evaluated by real
-   lm-eval at each ``--concurrency``, unprobed and probed alternating, ``--reps`` times each:
-   wall-time ratio (median probed / median unprobed), and whether the answers
-   (``--log_samples``) and scores are identical. The probed runs use
-   ``HYPERLOOM_EVAL_PROBE_SLOW_START=--slow-start`` (default ``on``, to measure the slow
-   start's cost everywhere, also where ``auto`` leaves it off) and
-   ``HYPERLOOM_EVAL_PROBE_STREAM=--stream`` (default ``auto``: the probed runs stream). The token clock is set per
-   run so that the generation takes about ``--gen-seconds`` (more concurrency, slower
-   clock): the lm-eval start-up, the same in both arms, is then a fixed share of each run.
-   ``--extra-arms detector_off,stream_off,stream_on`` adds probed arms with the loop detector
-   off, with nothing streamed and with every request streamed, alternated with the two in the
-   same repetitions.
-   ``--server vllm`` runs the same arms against real vLLM (CPU) serving the tiny Llama's
-   ``countdown`` variant (a healthy model whose answer lengths follow the ``lognormal``
-   profile, prompt by prompt, and whose text never repeats), through a counting proxy that
-   times the span; its clock is vLLM's own, so fewer requests at once decode faster, as on
-   a real server.
-2. ``python -X importtime -c pass`` under PYTHONDONTWRITEBYTECODE=1 (as InferenceX sets it)
-   with the probe's sitecustomize.py, ``--startup-runs`` times: the median time of the
-   ``sitecustomize`` import (the text the patcher injects, and the chaining variant), next to
-   a one-line sitecustomize.py, and every module it imported (must be standard library).
+Stopping (healthy) simulated models whose answer lengths vary as real ones do (the
+simulated server's ``lognormal`` and ``reasoning`` length profiles), evaluated by real
+lm-eval at each ``--concurrency``, unprobed and probed alternating, ``--reps`` times each:
+wall-time ratio (median probed / median unprobed), and whether the answers
+(``--log_samples``) and scores are identical. The probed runs use
+``HYPERLOOM_EVAL_PROBE_SLOW_START=--slow-start`` (default ``on``, to measure the slow
+start's cost everywhere, also where ``auto`` leaves it off) and
+``HYPERLOOM_EVAL_PROBE_STREAM=--stream`` (default ``auto``: the probed runs stream). The token clock is set per
+run so that the generation takes about ``--gen-seconds`` (more concurrency, slower
+clock): the lm-eval start-up, the same in both arms, is then a fixed share of each run.
+``--extra-arms detector_off,stream_off,stream_on`` adds probed arms with the loop detector
+off, with nothing streamed and with every request streamed, alternated with the two in the
+same repetitions.
+``--server vllm`` runs the same arms against real vLLM (CPU) serving the tiny Llama's
+``countdown`` variant (a healthy model whose answer lengths follow the ``lognormal``
+profile, prompt by prompt, and whose text never repeats), through a counting proxy that
+times the span; its clock is vLLM's own, so fewer requests at once decode faster, as on
+a real server.
 
     python benchmarks/bench_healthy.py [--n 1319] [--concurrency 16,64,256]
         [--profiles lognormal,reasoning] [--reps 3] [--slow-start on] [--stream auto]
@@ -48,13 +44,12 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the one reader of -X importtime
+sys.path.insert(0, str(ROOT / "tests"))  # tests/support
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import vllm_server  # noqa: E402
 from countingproxy import CountingProxy  # noqa: E402
 from support.hf import write_task_file  # noqa: E402
-from support.importtime import sitecustomize_cost  # noqa: E402
 from tiny_llama import CHAIN, CHAIN_LENGTH, countdown_prompt  # noqa: E402
 
 from probe.demo.localtask import LocalTask, write_task  # noqa: E402
@@ -209,36 +204,6 @@ def healthy_runs(
     }
 
 
-def _import_time(site: Path) -> tuple[int, list[str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERLOOM_EVAL_PROBE")}
-    env.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
-    run = subprocess.run(["python3", "-X", "importtime", "-c", "pass"], env=env, capture_output=True, text=True)
-    return sitecustomize_cost(run.stderr)
-
-
-def startup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    variants = {
-        "one_line": "x = 1\n",
-        "probe_patch_mode": sitecustomize_text(chain=False),
-        "probe_standalone": sitecustomize_text(chain=True),
-    }
-    result: dict[str, Any] = {"runs": args.startup_runs, "python": sys.version.split()[0]}
-    for name, text in variants.items():
-        site = work / name
-        site.mkdir()
-        (site / "sitecustomize.py").write_text(text)
-        micros, imported = [], set()
-        for _ in tqdm(range(args.startup_runs), desc=f"start-up {name}", file=sys.stderr):
-            us, nested = _import_time(site)
-            micros.append(us)
-            imported.update(nested)
-        result[name] = {"median_ms": round(statistics.median(micros) / 1000, 3), "imports": sorted(imported)}
-    stdlib = set(sys.stdlib_module_names)
-    imported = result["probe_standalone"]["imports"] + result["probe_patch_mode"]["imports"]
-    result["stdlib_only"] = all(name.split(".")[0] in stdlib or name == "_distutils_hack" for name in imported)
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1319)
@@ -261,7 +226,6 @@ def main() -> None:
     )
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--startup-runs", type=int, default=30)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.extra_arms = [arm for arm in args.extra_arms.split(",") if arm]
@@ -302,7 +266,6 @@ def main() -> None:
         "extra_arms": args.extra_arms,
         "healthy": healthy,
         "healthy_minutes": round((time.monotonic() - started) / 60, 1),
-        "startup": startup(args, work),
     }
     print(f"healthy runs, N={args.n}, max_tokens={args.max_tokens}, {args.reps} reps each, "
           f"probed with {ENV_SLOW_START}={args.slow_start}, {ENV_STREAM}={args.stream} "
@@ -318,11 +281,6 @@ def main() -> None:
         for arm, a in h["arms"].items():
             print(f"    {arm}: spans {a['span_s']} s, median ratio {a['span_ratio_median']}, "
                   f"streamed requests {a['streamed']}, identical answers {a['identical_answers']}")  # fmt: skip
-    s = result["startup"]
-    print(f"start-up (median of {s['runs']} runs of python3 -X importtime -c pass, PYTHONDONTWRITEBYTECODE=1):")
-    for name in ("one_line", "probe_patch_mode", "probe_standalone"):
-        print(f"  {name}: {s[name]['median_ms']} ms; imported: {s[name]['imports'] or 'nothing'}")
-    print(f"  standard library only: {s['stdlib_only']} (target: under 2 ms)")
     if args.json:
         print(json.dumps(result))
 

@@ -1,19 +1,23 @@
 """Builds the text injected into a sitecustomize.py from the runtime's own source files.
 
-The text is made from ``probe/runtime/`` each time, never kept as a second copy. The start-up stub
-runs in a namespace of its own. The other modules become the private package
-``_hyperloom_eval_probe``, so they never need ``probe`` where they run. They travel packed, so every
-process compiles the file cheaply. The chain goes only into a sitecustomize.py the probe creates
-itself. See docs/how-it-works.md.
+The text is made from ``probe/runtime/`` each time, never kept as a second copy. The start-up
+stub is the body of a function, so Python keeps it compiled with the file. The other modules
+become the private package ``_hyperloom_eval_probe``, so they never need ``probe`` where they
+run. They travel packed, less their comments and docstrings, so parsing the file stays cheap.
+The chain goes only into a sitecustomize.py the probe creates itself. See docs/how-it-works.md.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import hashlib
+import io
 import json
 import re
+import textwrap
+import tokenize
 import zlib
 from pathlib import Path
 
@@ -57,10 +61,37 @@ def runtime_modules() -> tuple[str, ...]:
     return tuple(sorted(name for name in _files() if name not in _NOT_EMBEDDED))
 
 
+def compact(source: str) -> str:
+    """``source`` without its comments and docstrings, every line where it was.
+
+    Half the packed text is prose, which every process would otherwise tokenise at start-up. The
+    lines stay put, so a traceback's line numbers are those of the file in ``probe/runtime/``.
+    """
+    lines = source.splitlines(keepends=True)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, column = token.start
+            lines[row - 1] = lines[row - 1][:column].rstrip() + "\n"
+    for node in ast.walk(ast.parse(source)):
+        if (doc := docstring(node)) is not None and doc.end_lineno is not None:
+            lines[doc.lineno - 1] = " " * doc.col_offset + "''\n"
+            lines[doc.lineno : doc.end_lineno] = ["\n"] * (doc.end_lineno - doc.lineno)
+    return "".join(lines)
+
+
+def docstring(node: ast.AST) -> ast.Expr | None:
+    """The statement that is ``node``'s docstring, if it has one."""
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        first = node.body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            return first
+    return None
+
+
 @functools.cache
 def embedded_sources() -> dict[str, str]:
-    """Each embedded module's source, as it runs injected (sibling imports renamed)."""
-    return {name: _SIBLING_IMPORT.sub(rf"\1\2 {PACKAGE}", _source(name)) for name in runtime_modules()}
+    """Each embedded module's source, as it runs injected: compacted, sibling imports renamed."""
+    return {name: _SIBLING_IMPORT.sub(rf"\1\2 {PACKAGE}", compact(_source(name))) for name in runtime_modules()}
 
 
 @functools.cache
@@ -86,6 +117,14 @@ def body_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _stub() -> str:
+    """The start-up stub as the body of a function: real code, which Python caches compiled."""
+    source = _source("hooking.bootstrap")
+    if re.search(r"^\s*(from __future__|global |nonlocal )", source, re.M):
+        raise InjectionError("bootstrap.py cannot run inside a function: no __future__, global or nonlocal")
+    return textwrap.indent(source, "    ")
+
+
 def sitecustomize_text(chain: bool = False) -> str:
     """The exact block injected into a sitecustomize.py, markers included.
 
@@ -94,7 +133,6 @@ def sitecustomize_text(chain: bool = False) -> str:
     probe made it (``chain.MADE_BY_PROBE``), so another probe-made file's chaining skips it. See
     docs/how-it-works.md.
     """
-    bootstrap = _literal(_source("hooking.bootstrap"), "bootstrap.py")
     chained = _literal(_source("hooking.chain"), "chain.py") if chain else '""'
     return (
         f"{SITECUSTOMIZE.begin_line(PROBE_VERSION, body_digest())}\n"
@@ -103,12 +141,10 @@ def sitecustomize_text(chain: bool = False) -> str:
         "# Disable with HYPERLOOM_EVAL_PROBE=0. Source: probe/runtime/ in lm-eval-probe.\n"
         f"# Runtime modules (packed): {', '.join(embedded_sources())}.\n"
         "def _lm_eval_probe_start(origin):\n"
-        f"    bootstrap = {bootstrap}\n"
+        f"{_stub()}"
         f"    modules = {packed_sources()!r}\n"
         f"    chain = {chained}\n"
-        '    namespace = {"__name__": "_hyperloom_eval_probe_boot"}\n'
-        '    exec(compile(bootstrap, f"{origin} (lm-eval-probe bootstrap)", "exec"), namespace)\n'
-        f'    namespace["boot"](modules, origin, chain, {targets()!r})\n'
+        f"    boot(modules, origin, chain, {targets()!r})\n"
         "\n"
         "\n"
         "try:\n"

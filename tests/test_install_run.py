@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,26 @@ def test_install_into_an_empty_dir_chains_the_shadowed_sitecustomize(tmp_path: P
     user, ours = tmp_path / "user", tmp_path / "ours"
     user.mkdir()
     (user / "sitecustomize.py").write_text(USER_SITE)
+    assert install(ours, payload()).code == 0
+    env = offline_env(None, PYTHONPATH=f"{ours}:{user}")
+    run = subprocess.run([PYTHON, "-c", CHECK], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "True"
+    assert run.stderr.count("user sitecustomize ran") == 1
+
+
+@pytest.mark.parametrize("kind", ["package", "zip"])
+def test_a_shadowed_sitecustomize_in_a_package_or_a_zip_is_chained(tmp_path: Path, kind: str) -> None:
+    # The chain is compiled only when another sitecustomize is on the path: it must be found
+    # however Python would import it, not only as a plain file.
+    ours = tmp_path / "ours"
+    if kind == "package":
+        user = tmp_path / "user"
+        (user / "sitecustomize").mkdir(parents=True)
+        (user / "sitecustomize" / "__init__.py").write_text(USER_SITE)
+    else:
+        user = tmp_path / "user.zip"
+        with zipfile.ZipFile(user, "w") as archive:
+            archive.writestr("sitecustomize.py", USER_SITE)
     assert install(ours, payload()).code == 0
     env = offline_env(None, PYTHONPATH=f"{ours}:{user}")
     run = subprocess.run([PYTHON, "-c", CHECK], env=env, capture_output=True, text=True)

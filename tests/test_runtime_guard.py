@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import ast
 import gc
+import io
 import json
 import subprocess
 import sys
+import tokenize
 
 from support.procs import PYTHON, probe_site
 
 from probe.demo.localtask import offline_env
-from probe.inject import RUNTIME, embedded_sources, sitecustomize_text
+from probe.inject import RUNTIME, _source, compact, docstring, embedded_sources, runtime_modules, sitecustomize_text
 from probe.runtime.core import contract
 from probe.runtime.hooking.bootstrap import PACKAGE, unpack
 
@@ -53,13 +55,15 @@ def imports(source: str, name: str) -> list[tuple[str, int]]:
 
 
 def injected_sources() -> dict[str, str]:
-    """Everything the injected text runs: the text itself, the stub, the chain, each module."""
+    """Everything the injected text runs: the text itself (the stub in it), the chain, each module."""
     text = sitecustomize_text(chain=True)
     literals = {}
     for node in ast.walk(parse(text, "sitecustomize.py")):
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id != "namespace":
-            literals[node.targets[0].id] = node.value.value
-    assert set(literals) == {"bootstrap", "chain", "modules"}
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            name = getattr(node.targets[0], "id", "")
+            if name in ("chain", "modules"):
+                literals[name] = node.value.value
+    assert set(literals) == {"chain", "modules"}
     # The modules travel packed: unpacked exactly as the stub unpacks them where it runs.
     modules = {f"modules[{name}]": source for name, source in unpack(literals.pop("modules")).items()}
     assert len(modules) == len(embedded_sources())
@@ -111,3 +115,25 @@ def test_injected_runtime_trips_real_lm_eval_where_probe_cannot_be_imported(sim,
     trip = json.loads((output / contract.SIDECAR_NAME).read_text())["verdict"]
     assert (trip["observations"], trip["pathological"]) == (16, 16)
     assert server.snapshot()["generate_requests"] < 40
+
+
+def _code_only(tree: ast.Module) -> str:
+    """The tree's dump and where each node starts, less every docstring (what ``compact`` drops)."""
+    for node in ast.walk(tree):
+        if docstring(node) is not None:
+            node.body = node.body[1:]  # type: ignore[attr-defined]
+    starts = [
+        (type(node).__name__, getattr(node, "lineno", 0), getattr(node, "col_offset", 0)) for node in ast.walk(tree)
+    ]
+    return f"{ast.dump(tree)} {starts}"
+
+
+def test_the_packed_runtime_is_the_same_code_on_the_same_lines() -> None:
+    # The packed text drops comments and docstrings only: every statement and expression is where
+    # the file in probe/runtime/ has it, so a traceback's line numbers are the repository's.
+    for name in runtime_modules():
+        source, packed = _source(name), compact(_source(name))
+        assert _code_only(parse(packed, name)) == _code_only(parse(source, name)), name
+        assert packed.count("\n") == source.count("\n"), name
+        tokens = tokenize.generate_tokens(io.StringIO(packed).readline)
+        assert not any(token.type == tokenize.COMMENT for token in tokens), name

@@ -1,43 +1,20 @@
 """Start-up stub: runs in every Python process that has the probe's sitecustomize.py.
 
-It stays tiny, since every such process compiles it from source.
+The injected text holds it as real code, the body of a function, so Python keeps it compiled
+with the file; where it keeps no bytecode (InferenceX), every process compiles it, so it stays tiny.
 It only registers a finder that waits for the modules the integrations hook.
-The runtime travels packed and is compiled when the first of them is imported.
+The runtime, and the finder that serves it, travel packed and are compiled when the first of
+them is imported.
 It then installs right after that module has run, however the module was looked up.
 See docs/how-it-works.md.
 """
 
 import _thread
+import os
 import sys
 
 PACKAGE = "_hyperloom_eval_probe"
-
-
-class EmbeddedRuntime:
-    """A meta-path finder and loader for ``PACKAGE`` and its modules, from source text."""
-
-    def __init__(self, sources: dict, origin: str) -> None:
-        self.sources = sources
-        self.origin = origin
-
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
-        package, _, name = fullname.partition(".")
-        if package != PACKAGE or (name and name not in self.sources):
-            return None
-        from importlib.machinery import ModuleSpec
-
-        inner = name + "."  # a folder of the runtime ("core") is a package of its own
-        is_package = not name or any(key.startswith(inner) for key in self.sources)
-        return ModuleSpec(fullname, self, origin=self.origin, is_package=is_package)
-
-    def create_module(self, spec: object) -> None:
-        return None
-
-    def exec_module(self, module: object) -> None:
-        name = module.__name__.partition(".")[2]
-        if name:
-            where = f"{self.origin} (lm-eval-probe {name})"
-            exec(compile(self.sources[name], where, "exec"), module.__dict__)
+LOADER = "hooking.embedded"  # the packed module that serves the others (``EmbeddedRuntime``)
 
 
 def unpack(packed: str) -> dict:
@@ -52,8 +29,11 @@ def unpack(packed: str) -> dict:
 def load_runtime(packed: str, origin: str) -> object:
     """Import the runtime's ``install`` module from ``packed``; None (and one line) on failure."""
     try:
-        if not any(isinstance(f, EmbeddedRuntime) for f in sys.meta_path):
-            sys.meta_path.append(EmbeddedRuntime(unpack(packed), origin))
+        if not any(getattr(f, "serves", None) == PACKAGE for f in sys.meta_path):
+            sources = unpack(packed)
+            loader = {"__name__": f"{PACKAGE}_loader"}
+            exec(compile(sources[LOADER], f"{origin} (lm-eval-probe {LOADER})", "exec"), loader)
+            sys.meta_path.append(loader["EmbeddedRuntime"](PACKAGE, sources, origin))
         __import__(f"{PACKAGE}.install")
         return sys.modules[f"{PACKAGE}.install"]
     except Exception as error:
@@ -82,6 +62,18 @@ class WaitForLmEval:
             self.asking.discard(asking)
 
 
+def shadows_another(origin: str) -> bool:
+    """Whether a sitecustomize other than ``origin`` is on sys.path: only then is the chain compiled."""
+    try:
+        from importlib.machinery import PathFinder
+
+        here = os.path.dirname(os.path.abspath(origin))
+        others = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+        return PathFinder.find_spec("sitecustomize", others) is not None
+    except Exception:
+        return True  # the chain looks again, and says what failed
+
+
 def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) -> None:
     """Arrange for the runtime to install on ``targets`` (module names); acts at most once per process.
 
@@ -91,7 +83,7 @@ def boot(packed: str, origin: str, chain_source: str = "", targets: tuple = ()) 
     """
     booted = getattr(sys, "_lm_eval_probe_booted", False)
     sys._lm_eval_probe_booted = True
-    if chain_source:  # even when standing down: the file it shadows must still run
+    if chain_source and shadows_another(origin):  # even when standing down: it must still run
         chain = {"__name__": "_hyperloom_eval_probe_chain"}
         exec(compile(chain_source, f"{origin} (lm-eval-probe chain)", "exec"), chain)
         chain["chain_next_sitecustomize"](origin)
