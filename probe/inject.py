@@ -67,16 +67,22 @@ def compact(source: str) -> str:
     Half the packed text is prose, which every process would otherwise tokenise at start-up. The
     lines stay put, so a traceback's line numbers are those of the file in ``probe/runtime/``.
     """
-    lines = source.splitlines(keepends=True)
+    # Rows as tokenize and ast count them (at "\n" only); ast's columns are UTF-8 byte offsets.
+    text = source.split("\n")
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             row, column = token.start
-            lines[row - 1] = lines[row - 1][:column].rstrip() + "\n"
+            text[row - 1] = text[row - 1][:column].rstrip()
+    lines = [line.encode("utf-8") for line in text]
     for node in ast.walk(ast.parse(source)):
-        if (doc := docstring(node)) is not None and doc.end_lineno is not None:
-            lines[doc.lineno - 1] = " " * doc.col_offset + "''\n"
-            lines[doc.lineno : doc.end_lineno] = ["\n"] * (doc.end_lineno - doc.lineno)
-    return "".join(lines)
+        if (doc := docstring(node)) is None or doc.end_lineno is None or doc.end_col_offset is None:
+            continue
+        first, last = doc.lineno - 1, doc.end_lineno - 1
+        if lines[last][doc.end_col_offset :].strip():
+            raise InjectionError(f"code follows a docstring on line {doc.end_lineno}: cannot compact it")
+        lines[first] = lines[first][: doc.col_offset] + b"''"
+        lines[first + 1 : last + 1] = [b""] * (last - first)
+    return "\n".join(line.decode("utf-8") for line in lines)
 
 
 def docstring(node: ast.AST) -> ast.Expr | None:
@@ -147,12 +153,17 @@ def sitecustomize_text(chain: bool = False) -> str:
         f"    boot(modules, origin, chain, {targets()!r})\n"
         "\n"
         "\n"
-        "try:\n"
-        '    _lm_eval_probe_start(globals().get("__file__") or "sitecustomize.py")\n'
+        "import builtins as _lm_eval_probe_builtins\n"
+        "\n"
+        "try:  # the stub's own globals: the names of a file it is appended to never reach it\n"
+        "    (lambda: None).__class__(\n"
+        "        _lm_eval_probe_start.__code__,\n"
+        '        {"__builtins__": _lm_eval_probe_builtins, "__name__": "_hyperloom_eval_probe_boot"},\n'
+        '    )(_lm_eval_probe_builtins.globals().get("__file__") or "sitecustomize.py")\n'
         "except Exception as _lm_eval_probe_error:\n"
         "    import sys as _lm_eval_probe_sys\n"
         '    _lm_eval_probe_sys.stderr.write(f"[lm-eval-probe] start-up failed: {_lm_eval_probe_error!r}\\n")\n'
-        "del _lm_eval_probe_start\n"
+        "del _lm_eval_probe_start, _lm_eval_probe_builtins\n"
         f"{SITECUSTOMIZE.end_line}\n"
     )
 

@@ -67,6 +67,42 @@ def test_a_shadowed_sitecustomize_in_a_package_or_a_zip_is_chained(tmp_path: Pat
     assert run.stderr.count("user sitecustomize ran") == 1
 
 
+# A user's sitecustomize.py may define any name (a helper called set, `from numpy import *` brings
+# any): the stub appended to it must see Python's built-ins, never the file's names.
+SHADOWING_SITE = (
+    "import os\n"
+    "def set(name, value):\n    os.environ.setdefault(name, value)\n"
+    "set('LM_EVAL_PROBE_TEST_SET', '1')\n"
+    "any = getattr = isinstance = compile = exec = __import__ = lambda *a, **k: True\n"
+    "Exception = None\n"
+)
+
+
+def test_a_probe_block_appended_to_a_file_sees_builtins_never_the_files_names(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(SHADOWING_SITE)
+    assert install(tmp_path, payload()).code == 0
+    for cached in (False, True):  # compiled in the process, then from the bytecode Python kept
+        env = offline_env(tmp_path)
+        env.pop("PYTHONDONTWRITEBYTECODE", None) if cached else env.update(PYTHONDONTWRITEBYTECODE="1")
+        run = subprocess.run([PYTHON, "-c", CHECK], env=env, capture_output=True, text=True)
+        assert (run.stdout.strip(), run.stderr) == ("True", "")
+
+
+def test_a_probe_made_block_in_a_package_chains_on_and_ends(tmp_path: Path) -> None:
+    # A probe-made file copied into a package's __init__.py: the chain skips it by the sys.path
+    # entry it came from (the package's folder is none), runs the user's file, and ends.
+    ours, package, user = tmp_path / "ours", tmp_path / "pkg", tmp_path / "user"
+    assert install(ours, payload()).code == 0
+    (package / "sitecustomize").mkdir(parents=True)
+    (package / "sitecustomize" / "__init__.py").write_text((ours / "sitecustomize.py").read_text())
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(USER_SITE)
+    env = offline_env(None, PYTHONPATH=f"{ours}:{package}:{user}")
+    run = subprocess.run([PYTHON, "-c", CHECK], env=env, capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "True"
+    assert run.stderr.count("user sitecustomize ran") == 1
+
+
 def test_install_appends_to_an_existing_sitecustomize_idempotently(tmp_path: Path) -> None:
     site = tmp_path / "sitecustomize.py"
     site.write_text(USER_SITE)

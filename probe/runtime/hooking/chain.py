@@ -34,14 +34,19 @@ def chain_next_sitecustomize(own_file: str) -> None:
         after = entries[entries.index(here) + 1 :] if here in entries else entries
         ran = sys.__dict__.setdefault("_lm_eval_probe_chained", {os.path.abspath(own_file)})
         skipped = {here}
-        while True:  # each round skips one more directory, so it ends
+        while True:  # each round skips one more entry of sys.path, so it ends
             others = [p for p in after if p not in skipped]
             spec = PathFinder.find_spec("sitecustomize", others)
             if spec is None or spec.loader is None or not spec.origin:
                 return
             if not _made_by_probe(spec.origin) and os.path.abspath(spec.origin) not in ran:
                 break
-            skipped.add(os.path.dirname(os.path.abspath(spec.origin)))
+            # The entry it came from: a package's is the folder above its own.
+            found = os.path.dirname(os.path.abspath(spec.origin))
+            entry = os.path.dirname(found) if spec.submodule_search_locations else found
+            if entry in skipped or entry not in others:
+                return  # no entry left to skip: a round would find it again
+            skipped.add(entry)
         ran.add(os.path.abspath(spec.origin))
         ours = sys.modules.get("sitecustomize")
         module = module_from_spec(spec)
