@@ -153,17 +153,22 @@ def sitecustomize_text(chain: bool = False) -> str:
         f"    boot(modules, origin, chain, {targets()!r})\n"
         "\n"
         "\n"
-        "import builtins as _lm_eval_probe_builtins\n"
+        "def _lm_eval_probe_boot(start):\n"
+        "    # The stub runs with globals of its own: the file it is appended to keeps its names,\n"
+        "    # and none of them (a helper called set) reaches the stub.\n"
+        "    import builtins\n"
+        "    import sys\n"
         "\n"
-        "try:  # the stub's own globals: the names of a file it is appended to never reach it\n"
-        "    (lambda: None).__class__(\n"
-        "        _lm_eval_probe_start.__code__,\n"
-        '        {"__builtins__": _lm_eval_probe_builtins, "__name__": "_hyperloom_eval_probe_boot"},\n'
-        '    )(_lm_eval_probe_builtins.globals().get("__file__") or "sitecustomize.py")\n'
-        "except Exception as _lm_eval_probe_error:\n"
-        "    import sys as _lm_eval_probe_sys\n"
-        '    _lm_eval_probe_sys.stderr.write(f"[lm-eval-probe] start-up failed: {_lm_eval_probe_error!r}\\n")\n'
-        "del _lm_eval_probe_start, _lm_eval_probe_builtins\n"
+        "    try:\n"
+        '        own = {"__builtins__": builtins, "__name__": "_hyperloom_eval_probe_boot"}\n'
+        '        origin = builtins.globals().get("__file__") or "sitecustomize.py"\n'
+        "        (lambda: None).__class__(start.__code__, own)(origin)\n"
+        "    except builtins.Exception as error:\n"
+        '        sys.stderr.write(f"[lm-eval-probe] start-up failed: {error!r}\\n")\n'
+        "\n"
+        "\n"
+        "_lm_eval_probe_boot(_lm_eval_probe_start)\n"
+        "del _lm_eval_probe_start, _lm_eval_probe_boot\n"
         f"{SITECUSTOMIZE.end_line}\n"
     )
 

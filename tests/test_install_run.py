@@ -75,6 +75,7 @@ SHADOWING_SITE = (
     "set('LM_EVAL_PROBE_TEST_SET', '1')\n"
     "any = getattr = isinstance = compile = exec = __import__ = lambda *a, **k: True\n"
     "Exception = None\n"
+    "_lm_eval_probe_builtins = 'mine'\n"
 )
 
 
@@ -84,8 +85,41 @@ def test_a_probe_block_appended_to_a_file_sees_builtins_never_the_files_names(tm
     for cached in (False, True):  # compiled in the process, then from the bytecode Python kept
         env = offline_env(tmp_path)
         env.pop("PYTHONDONTWRITEBYTECODE", None) if cached else env.update(PYTHONDONTWRITEBYTECODE="1")
-        run = subprocess.run([PYTHON, "-c", CHECK], env=env, capture_output=True, text=True)
-        assert (run.stdout.strip(), run.stderr) == ("True", "")
+        check = CHECK + "import sitecustomize as s\nprint(s._lm_eval_probe_builtins, s.set.__module__)\n"
+        run = subprocess.run([PYTHON, "-c", check], env=env, capture_output=True, text=True)
+        assert (run.stdout.split(), run.stderr) == (["True", "mine", "sitecustomize"], "")
+
+
+FINDER = (
+    "import importlib.util, os, sys\n"
+    "class Finder:  # as a setuptools editable install serves a module: a meta-path finder\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'sitecustomize':\n"
+    "            where = os.path.join(os.environ['USER_PROJECT'], 'sitecustomize.py')\n"
+    "            return importlib.util.spec_from_file_location(name, where)\n"
+    "sys.meta_path.append(Finder())\n"
+)
+
+
+def test_a_sitecustomize_served_by_another_finder_is_chained(tmp_path: Path) -> None:
+    # An editable install serves modules through a finder after the path's: Python imports the
+    # user's sitecustomize from it, so a probe-made file that shadows it must run it too.
+    venv, project, ours = tmp_path / "venv", tmp_path / "project", tmp_path / "ours"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "user_finder.py").write_text(FINDER)
+    (site / "__editable__.user.pth").write_text("import user_finder\n")
+    project.mkdir()
+    (project / "sitecustomize.py").write_text(USER_SITE)
+    assert install(ours, payload()).code == 0
+    check = "import sys; print(getattr(sys, '_lm_eval_probe_booted', False))"
+    env = offline_env(None, USER_PROJECT=str(project))
+    alone = subprocess.run([venv / "bin" / "python", "-c", check], env=env, capture_output=True, text=True)
+    assert alone.stderr.count("user sitecustomize ran") == 1  # what the probe shadows
+    env["PYTHONPATH"] = str(ours)
+    run = subprocess.run([venv / "bin" / "python", "-c", check], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "True"
+    assert run.stderr.count("user sitecustomize ran") == 1
 
 
 def test_a_probe_made_block_in_a_package_chains_on_and_ends(tmp_path: Path) -> None:

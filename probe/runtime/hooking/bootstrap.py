@@ -63,10 +63,12 @@ class WaitForLmEval:
 
 
 def shadows_another(origin: str) -> bool:
-    """Whether a sitecustomize other than ``origin`` is on sys.path: only then is the chain compiled."""
+    """Whether a sitecustomize besides ``origin`` may be imported: only then is the chain compiled."""
     try:
-        from importlib.machinery import PathFinder
+        from importlib.machinery import BuiltinImporter, FrozenImporter, PathFinder
 
+        if any(f not in (BuiltinImporter, FrozenImporter, PathFinder) for f in sys.meta_path):
+            return True  # another finder (an editable install's) may serve one: the chain asks it
         here = os.path.dirname(os.path.abspath(origin))
         others = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
         return PathFinder.find_spec("sitecustomize", others) is not None

@@ -1,10 +1,14 @@
 """Runs the sitecustomize.py that the probe's own one shadows, skipping probe-made ones.
 
-Compiled at start-up in every process, so it stays short; ``probe/inject.py`` says why.
+Compiled at start-up where another sitecustomize may be imported (``bootstrap.shadows_another``).
+It looks where Python would: the sys.path entries after the probe's own, then the other finders.
 """
+
+from __future__ import annotations
 
 import os
 import sys
+from importlib.machinery import ModuleSpec, PathFinder
 
 MADE_BY_PROBE = "# lm-eval-probe made this file: it runs the probe, then the sitecustomize.py it shadows."
 # patcher.markers.SITECUSTOMIZE.end_line (a test checks that they agree).
@@ -21,32 +25,59 @@ def _made_by_probe(path: str) -> bool:
     return len(lines) > 2 and lines[1] == MADE_BY_PROBE and lines[-1].strip() == BLOCK_END
 
 
+def _runs(spec: ModuleSpec | None, ran: set[str]) -> bool:
+    """Whether ``spec`` is a sitecustomize to run: loadable, not the probe's, not run before."""
+    if spec is None or spec.loader is None or not spec.origin:
+        return False
+    return not _made_by_probe(spec.origin) and os.path.abspath(spec.origin) not in ran
+
+
+def _on_path(entries: list[str], ran: set[str]) -> ModuleSpec | None:
+    """The first sitecustomize on the sys.path ``entries`` to run, skipping the probe's own."""
+    skipped: set[str] = set()
+    while True:  # each round skips one more entry, so it ends
+        others = [p for p in entries if p not in skipped]
+        spec = PathFinder.find_spec("sitecustomize", others)
+        if _runs(spec, ran):
+            return spec
+        if spec is None or not spec.origin:
+            return None
+        # The entry it came from: a package's is the folder above its own.
+        found = os.path.dirname(os.path.abspath(spec.origin))
+        entry = os.path.dirname(found) if spec.submodule_search_locations else found
+        if entry in skipped or entry not in others:
+            return None  # no entry left to skip: a round would find it again
+        skipped.add(entry)
+
+
+def _from_other_finders(ran: set[str]) -> ModuleSpec | None:
+    """The sitecustomize that a finder besides the path's would import (an editable install's)."""
+    for finder in list(sys.meta_path):
+        if finder is PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec("sitecustomize", None)
+        except Exception:
+            continue  # a finder that fails here would have failed Python's own import too
+        if _runs(spec, ran):
+            return spec
+    return None
+
+
 def chain_next_sitecustomize(own_file: str) -> None:
-    """Execute the next ``sitecustomize`` on sys.path that the probe did not make; never raises."""
+    """Execute the next ``sitecustomize`` that the probe did not make; never raises."""
     try:
-        from importlib.machinery import PathFinder
         from importlib.util import module_from_spec
 
         here = os.path.dirname(os.path.abspath(own_file))
         entries = [os.path.abspath(p or os.curdir) for p in sys.path]
         # Only what this file shadows: the entries after its own (a chained file chaining
-        # back to an earlier one would loop); and never a file twice in one process.
-        after = entries[entries.index(here) + 1 :] if here in entries else entries
+        # back to an earlier one would loop), then the other finders; never a file twice.
+        after = [p for p in (entries[entries.index(here) + 1 :] if here in entries else entries) if p != here]
         ran = sys.__dict__.setdefault("_lm_eval_probe_chained", {os.path.abspath(own_file)})
-        skipped = {here}
-        while True:  # each round skips one more entry of sys.path, so it ends
-            others = [p for p in after if p not in skipped]
-            spec = PathFinder.find_spec("sitecustomize", others)
-            if spec is None or spec.loader is None or not spec.origin:
-                return
-            if not _made_by_probe(spec.origin) and os.path.abspath(spec.origin) not in ran:
-                break
-            # The entry it came from: a package's is the folder above its own.
-            found = os.path.dirname(os.path.abspath(spec.origin))
-            entry = os.path.dirname(found) if spec.submodule_search_locations else found
-            if entry in skipped or entry not in others:
-                return  # no entry left to skip: a round would find it again
-            skipped.add(entry)
+        spec = _on_path(after, ran) or _from_other_finders(ran)
+        if spec is None or spec.loader is None or spec.origin is None:
+            return
         ran.add(os.path.abspath(spec.origin))
         ours = sys.modules.get("sitecustomize")
         module = module_from_spec(spec)
