@@ -9,8 +9,10 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 import zipfile
+from importlib.machinery import BuiltinImporter, FrozenImporter, PathFinder
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from probe.inject import payload
 from probe.lmeval_args import output_path_in
 from probe.run import _unhooking_flags
 from probe.runtime.core import contract
+from probe.runtime.hooking.bootstrap import shadows_another
 from probe.summary import summary
 
 USER_SITE = "import sys\nsys.stderr.write('user sitecustomize ran\\n')\nUSER_VALUE = 42\n"
@@ -93,17 +96,26 @@ def test_a_probe_block_appended_to_a_file_sees_builtins_never_the_files_names(tm
 FINDER = (
     "import importlib.util, os, sys\n"
     "class Finder:  # as a setuptools editable install serves a module: a meta-path finder\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name == 'sitecustomize':\n"
-    "            where = os.path.join(os.environ['USER_PROJECT'], 'sitecustomize.py')\n"
-    "            return importlib.util.spec_from_file_location(name, where)\n"
+    "    def find_spec(self, name, path, target):  # all three required, as some finders have it\n"
+    "        if name != 'sitecustomize':\n"
+    "            return None\n"
+    "        where = os.path.join(os.environ['USER_PROJECT'], 'sitecustomize.py')\n"
+    "        if os.environ.get('IN_MEMORY'):  # a spec with no file, as an in-memory finder gives\n"
+    "            source = open(where).read()\n"
+    "            class Loader:\n"
+    "                def create_module(self, spec): return None\n"
+    "                def exec_module(self, module): exec(source, module.__dict__)\n"
+    "            return importlib.util.spec_from_loader(name, Loader())\n"
+    "        return importlib.util.spec_from_file_location(name, where)\n"
     "sys.meta_path.append(Finder())\n"
 )
 
 
-def test_a_sitecustomize_served_by_another_finder_is_chained(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_memory", ["", "1"])
+def test_a_sitecustomize_served_by_another_finder_is_chained_once(tmp_path: Path, in_memory: str) -> None:
     # An editable install serves modules through a finder after the path's: Python imports the
-    # user's sitecustomize from it, so a probe-made file that shadows it must run it too.
+    # user's sitecustomize from it, so a probe-made file that shadows it must run it too, once,
+    # also when the probe's file is imported again (a reload).
     venv, project, ours = tmp_path / "venv", tmp_path / "project", tmp_path / "ours"
     subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
     (site,) = venv.glob("lib/python*/site-packages")
@@ -112,14 +124,39 @@ def test_a_sitecustomize_served_by_another_finder_is_chained(tmp_path: Path) -> 
     project.mkdir()
     (project / "sitecustomize.py").write_text(USER_SITE)
     assert install(ours, payload()).code == 0
-    check = "import sys; print(getattr(sys, '_lm_eval_probe_booted', False))"
-    env = offline_env(None, USER_PROJECT=str(project))
-    alone = subprocess.run([venv / "bin" / "python", "-c", check], env=env, capture_output=True, text=True)
+    check = (
+        "import importlib, sys, sitecustomize\n"
+        "importlib.reload(sitecustomize)\n"
+        "print(getattr(sys, '_lm_eval_probe_booted', False))\n"
+    )
+    env = offline_env(None, USER_PROJECT=str(project), IN_MEMORY=in_memory)
+    alone = subprocess.run([venv / "bin" / "python", "-c", "pass"], env=env, capture_output=True, text=True)
     assert alone.stderr.count("user sitecustomize ran") == 1  # what the probe shadows
     env["PYTHONPATH"] = str(ours)
     run = subprocess.run([venv / "bin" / "python", "-c", check], env=env, capture_output=True, text=True)
     assert run.stdout.strip() == "True"
-    assert run.stderr.count("user sitecustomize ran") == 1
+    assert run.stderr.count("user sitecustomize ran") == 1, run.stderr
+    assert "[lm-eval-probe]" not in run.stderr
+
+
+class _ServesNothing:
+    def find_spec(self, name: str, path: object, target: object) -> None:
+        return None
+
+
+def test_the_chain_is_compiled_only_where_another_sitecustomize_would_be_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A finder that serves no sitecustomize (setuptools puts one on every path) costs no chain.
+    ours, user = tmp_path / "ours", tmp_path / "user"
+    ours.mkdir()
+    user.mkdir()
+    origin = str(ours / "sitecustomize.py")
+    monkeypatch.setattr(sys, "meta_path", [BuiltinImporter, FrozenImporter, PathFinder, _ServesNothing()])
+    monkeypatch.setattr(sys, "path", [str(ours), str(user)])
+    assert not shadows_another(origin)
+    (user / "sitecustomize.py").write_text(USER_SITE)
+    assert shadows_another(origin)
 
 
 def test_a_probe_made_block_in_a_package_chains_on_and_ends(tmp_path: Path) -> None:

@@ -67,11 +67,12 @@ def shadows_another(origin: str) -> bool:
     try:
         from importlib.machinery import BuiltinImporter, FrozenImporter, PathFinder
 
-        if any(f not in (BuiltinImporter, FrozenImporter, PathFinder) for f in sys.meta_path):
-            return True  # another finder (an editable install's) may serve one: the chain asks it
         here = os.path.dirname(os.path.abspath(origin))
         others = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-        return PathFinder.find_spec("sitecustomize", others) is not None
+        if PathFinder.find_spec("sitecustomize", others) is not None:
+            return True
+        finders = [f for f in sys.meta_path if f not in (BuiltinImporter, FrozenImporter, PathFinder)]
+        return any(f.find_spec("sitecustomize", None, None) is not None for f in finders)  # an editable install's
     except Exception:
         return True  # the chain looks again, and says what failed
 

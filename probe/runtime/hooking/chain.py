@@ -4,8 +4,6 @@ Compiled at start-up where another sitecustomize may be imported (``bootstrap.sh
 It looks where Python would: the sys.path entries after the probe's own, then the other finders.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 from importlib.machinery import ModuleSpec, PathFinder
@@ -25,65 +23,71 @@ def _made_by_probe(path: str) -> bool:
     return len(lines) > 2 and lines[1] == MADE_BY_PROBE and lines[-1].strip() == BLOCK_END
 
 
-def _runs(spec: ModuleSpec | None, ran: set[str]) -> bool:
-    """Whether ``spec`` is a sitecustomize to run: loadable, not the probe's, not run before."""
-    if spec is None or spec.loader is None or not spec.origin:
-        return False
-    return not _made_by_probe(spec.origin) and os.path.abspath(spec.origin) not in ran
+def _key(spec: ModuleSpec) -> str:
+    """What names ``spec`` among those run: its file, or its loader where it has none."""
+    return os.path.abspath(spec.origin) if spec.has_location and spec.origin else f"<{spec.loader!r}>"
 
 
-def _on_path(entries: list[str], ran: set[str]) -> ModuleSpec | None:
-    """The first sitecustomize on the sys.path ``entries`` to run, skipping the probe's own."""
+def _probes(spec: ModuleSpec) -> bool:
+    """Whether ``spec`` is a probe-made file (which the chain skips)."""
+    return bool(spec.has_location and spec.origin and _made_by_probe(spec.origin))
+
+
+def _on_path(entries: list[str]) -> ModuleSpec | None:
+    """What Python would import as sitecustomize from the sys.path ``entries``, less probe-made files."""
     skipped: set[str] = set()
     while True:  # each round skips one more entry, so it ends
         others = [p for p in entries if p not in skipped]
         spec = PathFinder.find_spec("sitecustomize", others)
-        if _runs(spec, ran):
-            return spec
-        if spec is None or not spec.origin:
-            return None
+        if spec is None or not _probes(spec):
+            return spec  # a namespace package too: Python would import it, and run nothing
         # The entry it came from: a package's is the folder above its own.
-        found = os.path.dirname(os.path.abspath(spec.origin))
+        found = os.path.dirname(os.path.abspath(str(spec.origin)))
         entry = os.path.dirname(found) if spec.submodule_search_locations else found
         if entry in skipped or entry not in others:
             return None  # no entry left to skip: a round would find it again
         skipped.add(entry)
 
 
-def _from_other_finders(ran: set[str]) -> ModuleSpec | None:
-    """The sitecustomize that a finder besides the path's would import (an editable install's)."""
+def _from_other_finders() -> ModuleSpec | None:
+    """What a finder besides the path's would import as sitecustomize (an editable install's)."""
     for finder in list(sys.meta_path):
         if finder is PathFinder or not hasattr(finder, "find_spec"):
             continue
-        try:
-            spec = finder.find_spec("sitecustomize", None)
-        except Exception:
-            continue  # a finder that fails here would have failed Python's own import too
-        if _runs(spec, ran):
+        spec = finder.find_spec("sitecustomize", None, None)  # raising, it fails as Python's import would
+        if spec is not None and not _probes(spec):
             return spec
     return None
 
 
 def chain_next_sitecustomize(own_file: str) -> None:
-    """Execute the next ``sitecustomize`` that the probe did not make; never raises."""
+    """Execute the next ``sitecustomize`` that the probe did not make, once; never raises."""
     try:
         from importlib.util import module_from_spec
 
-        here = os.path.dirname(os.path.abspath(own_file))
+        own = os.path.abspath(own_file)
+        chained = sys.__dict__.setdefault("_lm_eval_probe_chained_by", set())
+        if own in chained:
+            return  # run again (a reload): what it shadows ran the first time
+        chained.add(own)
+        here = os.path.dirname(own)
         entries = [os.path.abspath(p or os.curdir) for p in sys.path]
         # Only what this file shadows: the entries after its own (a chained file chaining
         # back to an earlier one would loop), then the other finders; never a file twice.
         after = [p for p in (entries[entries.index(here) + 1 :] if here in entries else entries) if p != here]
-        ran = sys.__dict__.setdefault("_lm_eval_probe_chained", {os.path.abspath(own_file)})
-        spec = _on_path(after, ran) or _from_other_finders(ran)
-        if spec is None or spec.loader is None or spec.origin is None:
+        ran = sys.__dict__.setdefault("_lm_eval_probe_chained", {own})
+        spec = _on_path(after) or _from_other_finders()
+        if spec is None or spec.loader is None or _key(spec) in ran:
             return
-        ran.add(os.path.abspath(spec.origin))
+        ran.add(_key(spec))
         ours = sys.modules.get("sitecustomize")
         module = module_from_spec(spec)
         sys.modules["sitecustomize"] = module
         try:
-            spec.loader.exec_module(module)
+            if hasattr(spec.loader, "exec_module"):
+                spec.loader.exec_module(module)
+            else:  # a loader of the old kind, as Python's import still runs it
+                spec.loader.load_module("sitecustomize")
         finally:
             if ours is not None:
                 sys.modules["sitecustomize"] = ours
