@@ -122,7 +122,7 @@ def test_a_healthy_model_opens_the_engine_by_per_stop_for_each_stop() -> None:
     sent: list[int] = []
     offered(slow, [(place, group) for place in range(200)], sent)
     per_stop = group.engine_slow_start.per_stop  # type: ignore[union-attr]
-    assert len(sent) == MIN_SAMPLES and per_stop == 2 * 64 / MIN_SAMPLES
+    assert len(sent) == MIN_SAMPLES and per_stop == 64
     slow.finished(group, [STOPPED])
     slow.admit(lambda: True)
     assert len(sent) == MIN_SAMPLES + per_stop

@@ -23,9 +23,7 @@ from probe.runtime.core.contract import Settings
 from probe.runtime.core.evidence import is_pathological
 
 # Under HYPERLOOM_EVAL_PROBE_SLOW_START=auto the slow start applies up to this concurrency:
-# on healthy simulated runs (benchmarks/RESULTS.md, "Cost on a healthy run") it cost 1.4-1.5%
-# of the generation time at C=64; at C=256 6-8% (measured with half today's step there; off
-# by default either way); 128 was not measured, so it is off there too.
+# above it, a healthy run's wait for its first stop cost 3-6% (docs/benchmarks.md).
 AUTO_MAX_CONCURRENT = 64
 
 
@@ -61,10 +59,11 @@ class SlowStart:
         # otherwise refill the places its answers at the cap free before the rule can fire.
         if not slow:
             return cls(full, math.inf, 0.0)
-        # At least 1 / (1 - ratio): a stall then implies the rule fired (see the module's
-        # docstring). A ratio of 1 can never fire after a stop, so one stop opens the gate.
+        # One generation that ends opens the gate to full width: a healthy model then waits only
+        # for its first stop (docs/gate.md). At least 1 / (1 - ratio): a stall then implies the
+        # rule fired. A ratio of 1 can never fire after a stop, so one stop opens it for good.
         floor = 1.0 / (1.0 - length_ratio) if length_ratio < 1.0 else math.inf
-        return cls(full, float(min_samples), max(floor, 2 * full / min_samples))
+        return cls(full, float(min_samples), max(floor, float(full)))
 
     def may_send(self, in_flight: int) -> bool:
         return in_flight < self.full and self.may_send_more()
