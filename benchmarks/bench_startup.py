@@ -5,8 +5,9 @@ with that directory on PYTHONPATH, the variants alternating, ``--runs`` times ea
 is the median cumulative time of the ``sitecustomize`` import. Variants: a one-line file (what
 any sitecustomize.py costs), the text the patcher injects, the chaining text that ``install``
 and ``run`` write, and that text shadowing another sitecustomize.py (only then is the chain
-compiled). PYTHONDONTWRITEBYTECODE=1 (InferenceX sets it) compiles the file in every process;
-``--cached`` lets Python keep its bytecode instead. Target: under 2 ms, standard library only.
+compiled), next to that other file alone. PYTHONDONTWRITEBYTECODE=1 (InferenceX sets it)
+compiles the file in every process; ``--cached`` lets Python keep its bytecode instead.
+Target: under 2 ms, standard library only.
 
     python benchmarks/bench_startup.py [--runs 40] [--cached] [--python python3] [--json]
 """
@@ -48,6 +49,7 @@ def variants(work: Path) -> dict[str, str]:
     (work / "another").mkdir()
     (work / "another" / "sitecustomize.py").write_text(SHADOWED)
     paths["chaining_another"] += os.pathsep + str(work / "another")
+    paths["another_alone"] = str(work / "another")  # what the user's own file costs without the probe
     return paths
 
 

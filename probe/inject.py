@@ -139,7 +139,7 @@ def sitecustomize_text(chain: bool = False) -> str:
     probe made it (``chain.MADE_BY_PROBE``), so another probe-made file's chaining skips it. See
     docs/how-it-works.md.
     """
-    chained = _literal(_source("hooking.chain"), "chain.py") if chain else '""'
+    chained = _literal(compact(_source("hooking.chain")), "chain.py") if chain else '""'
     return (
         f"{SITECUSTOMIZE.begin_line(PROBE_VERSION, body_digest())}\n"
         + (f"{MADE_BY_PROBE}\n" if chain else "")
