@@ -37,14 +37,19 @@ def test_a_never_stopping_model_gets_exactly_min_samples_requests_sent() -> None
     assert _send_all(policy) == 0 and policy.sent == 16
 
 
-@pytest.mark.parametrize("label", ["error", "timeout", "abort", "cancelled", "content_filter", "other", "stop"])
-def test_every_ending_that_is_not_at_the_cap_lets_per_stop_more_be_sent(label: str) -> None:
+@pytest.mark.parametrize(
+    ("label", "more"),
+    [("error", 8), ("timeout", 8), ("abort", 8), ("cancelled", 8), ("content_filter", 8), ("other", 8),
+     ("stop", 64), ("usage_below_cap", 64)],
+)  # fmt: skip
+def test_every_ending_that_is_not_at_the_cap_widens_the_gate(label: str, more: int) -> None:
     """Not only stops: an ending the rule does not count as pathological must widen the gate,
-    or a server that answers errors would leave the remaining calls parked for ever."""
+    or a server that answers errors would leave the remaining calls parked for ever. Only the
+    model's own stop opens it whole: an error says nothing of the model (2 x 64 / 16 more)."""
     policy = _slow()
     _send_all(policy)
     policy.finished(True, [label], tripped=False, unprobed=False)
-    assert _send_all(policy) == 64
+    assert _send_all(policy) == more
 
 
 def test_a_ratio_of_one_never_makes_the_budget_nan() -> None:
@@ -74,6 +79,14 @@ def test_per_stop_is_enough_for_the_rule_and_for_full_width(full: int, ratio: fl
     assert _slow(full, 16, ratio).per_stop == pytest.approx(per_stop)
 
 
+@pytest.mark.parametrize(
+    ("full", "ratio", "per_ending"),
+    [(64, 0.75, 8.0), (32, 0.75, 4.0), (256, 0.75, 32.0), (64, 0.95, 20.0), (64, 0.6, 8.0), (64, 1.0, math.inf)],
+)
+def test_per_ending_is_enough_for_the_rule(full: int, ratio: float, per_ending: float) -> None:
+    assert _slow(full, 16, ratio).per_ending == pytest.approx(per_ending)
+
+
 @pytest.mark.parametrize(("full", "min_samples"), [(256, 16), (100, 16), (17, 16), (64, 5), (1000, 1)])
 def test_a_healthy_model_is_at_full_width_after_its_first_stop(full: int, min_samples: int) -> None:
     policy = _slow(full, min_samples)
@@ -88,11 +101,11 @@ def test_a_healthy_model_is_at_full_width_after_its_first_stop(full: int, min_sa
 
 
 @pytest.mark.parametrize("labels", [None, []])
-def test_an_answer_that_cannot_be_evidence_counts_like_a_stop(labels: list[str] | None) -> None:
+def test_an_answer_that_cannot_be_evidence_counts_like_an_error(labels: list[str] | None) -> None:
     policy = _slow()
     _send_all(policy)
     policy.finished(True, labels, tripped=False, unprobed=False)
-    assert _send_all(policy) == 64
+    assert _send_all(policy) == 8
 
 
 def test_a_failed_call_gives_its_send_back_for_the_retry() -> None:

@@ -296,6 +296,19 @@ def test_slow_start_widens_as_a_healthy_model_stops_and_no_answer_changes(sim, r
     assert max(before["in_flight_at_arrival"]) == 64
 
 
+@pytest.mark.parametrize("reason", ["timeout", "content_filter"])
+def test_an_early_error_from_a_model_that_never_stops_opens_the_slow_start_by_a_share(sim, result_dir, reason) -> None:
+    # An error says nothing of the model: it lets 2 x 64 / 16 more through, not a whole wave.
+    server = sim("never_stop", first_n=1, first_reason=reason, seconds_per_token=0.0002)
+    assert install.install()
+    try:
+        answers = generate(completions(server.base_url, num_concurrent=64), 200)
+    finally:
+        install.uninstall()
+    assert "" in answers
+    assert server.snapshot()["generate_requests"] <= 16 + 8
+
+
 @pytest.mark.parametrize(("mode", "concurrency"), [("off", 32), ("auto", 128)])
 def test_without_the_slow_start_a_whole_wave_is_sent(sim, result_dir, monkeypatch, mode, concurrency) -> None:
     monkeypatch.setenv(contract.ENV_SLOW_START, mode)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.runtime.core.contract import Settings
-from probe.runtime.core.evidence import is_pathological
+from probe.runtime.core.evidence import ENDED_BY_MODEL, is_pathological
 
 # Under HYPERLOOM_EVAL_PROBE_SLOW_START=auto the slow start applies up to this concurrency:
 # above it, a healthy run's wait for its first stop cost 3-6% (docs/benchmarks.md).
@@ -40,13 +40,15 @@ class SlowStart:
 
     At most ``full`` calls run at once, and at most ``allowance`` requests are sent; a retry replaces its failed call.
     The allowance starts at ``MIN_SAMPLES`` when slow, else infinite, and never shrinks.
-    It grows by ``per_stop`` for each generation not at the cap, and never after a trip.
+    It grows by ``per_stop`` for each generation the model ended itself, by ``per_ending`` for any
+    other ending not at the cap (an error, a timeout), and never after a trip.
     See docs/gate.md.
     """
 
     full: int
     allowance: float
     per_stop: float
+    per_ending: float = 0.0
     sent: int = 0
     tripped: bool = False
     ran_dry: bool = False  # the liveness guard opened it (see the module's docstring)
@@ -59,11 +61,12 @@ class SlowStart:
         # otherwise refill the places its answers at the cap free before the rule can fire.
         if not slow:
             return cls(full, math.inf, 0.0)
-        # One generation that ends opens the gate to full width: a healthy model then waits only
-        # for its first stop (docs/gate.md). At least 1 / (1 - ratio): a stall then implies the
-        # rule fired. A ratio of 1 can never fire after a stop, so one stop opens it for good.
+        # A generation the model ended itself opens the gate to full width: a healthy model then
+        # waits only for its first stop. Any other ending (an error, a timeout) says nothing of
+        # the model, and opens it by a share (docs/gate.md). Each at least 1 / (1 - ratio): a
+        # stall then implies the rule fired. A ratio of 1 can never fire after an ending.
         floor = 1.0 / (1.0 - length_ratio) if length_ratio < 1.0 else math.inf
-        return cls(full, float(min_samples), max(floor, float(full)))
+        return cls(full, float(min_samples), max(floor, float(full)), max(floor, 2 * full / min_samples))
 
     def may_send(self, in_flight: int) -> bool:
         return in_flight < self.full and self.may_send_more()
@@ -93,9 +96,14 @@ class SlowStart:
         if not answered:
             self.sent -= generations
             return
-        credits = sum(1 for label in labels if not is_pathological(label)) if labels else 1
-        if credits:  # never 0 * inf: that is NaN, and a NaN allowance lets nothing through
-            self.allowance += credits * self.per_stop
+        if not labels:  # an answer with no generation the rule could judge: an ending like an error
+            self.allowance += self.per_ending
+            return
+        for label in labels:  # added one by one: never 0 * inf, a NaN that would let nothing through
+            if label in ENDED_BY_MODEL:
+                self.allowance += self.per_stop
+            elif not is_pathological(label):
+                self.allowance += self.per_ending
 
     def learn(self, tripped: bool, unprobed: bool, settled: bool = False) -> None:
         """Take where the batch's group stands: tripped, tripped but not applied, or settled.
