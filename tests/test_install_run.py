@@ -124,19 +124,22 @@ def test_a_sitecustomize_served_by_another_finder_is_chained_once(tmp_path: Path
     project.mkdir()
     (project / "sitecustomize.py").write_text(USER_SITE)
     assert install(ours, payload()).code == 0
-    check = (
-        "import importlib, sys, sitecustomize\n"
-        "importlib.reload(sitecustomize)\n"
-        "print(getattr(sys, '_lm_eval_probe_booted', False))\n"
+    check = (  # `import sitecustomize` is the user's module, as without the probe
+        "import sys, sitecustomize\nprint(sitecustomize.USER_VALUE, getattr(sys, '_lm_eval_probe_booted', False))\n"
     )
     env = offline_env(None, USER_PROJECT=str(project), IN_MEMORY=in_memory)
-    alone = subprocess.run([venv / "bin" / "python", "-c", "pass"], env=env, capture_output=True, text=True)
+    alone = subprocess.run([venv / "bin" / "python", "-c", check], env=env, capture_output=True, text=True)
+    assert alone.stdout.split() == ["42", "False"]
     assert alone.stderr.count("user sitecustomize ran") == 1  # what the probe shadows
     env["PYTHONPATH"] = str(ours)
     run = subprocess.run([venv / "bin" / "python", "-c", check], env=env, capture_output=True, text=True)
-    assert run.stdout.strip() == "True"
+    assert run.stdout.split() == ["42", "True"]
     assert run.stderr.count("user sitecustomize ran") == 1, run.stderr
     assert "[lm-eval-probe]" not in run.stderr
+    # A reload finds the probe's file first on the path: its chain has run, and runs nothing more.
+    reload = "import importlib, sitecustomize\nimportlib.reload(sitecustomize)\n"
+    run = subprocess.run([venv / "bin" / "python", "-c", reload], env=env, capture_output=True, text=True)
+    assert run.stderr.count("user sitecustomize ran") == 1, run.stderr
 
 
 class _ServesNothing:
@@ -157,6 +160,20 @@ def test_the_chain_is_compiled_only_where_another_sitecustomize_would_be_found(
     assert not shadows_another(origin)
     (user / "sitecustomize.py").write_text(USER_SITE)
     assert shadows_another(origin)
+
+
+def test_a_probe_made_file_in_a_zip_is_skipped_as_one_on_disk_is(tmp_path: Path) -> None:
+    ours, archive, user = tmp_path / "ours", tmp_path / "probe.zip", tmp_path / "user"
+    assert install(ours, payload()).code == 0
+    with zipfile.ZipFile(archive, "w") as packed:
+        packed.write(ours / "sitecustomize.py", "sitecustomize.py")
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(USER_SITE)
+    env = offline_env(None, PYTHONPATH=f"{ours}:{archive}:{user}")
+    check = "import sys; print(sorted(sys._lm_eval_probe_chained))"
+    run = subprocess.run([PYTHON, "-c", check], env=env, capture_output=True, text=True, timeout=60)
+    assert run.stderr.count("user sitecustomize ran") == 1
+    assert str(archive) not in run.stdout and str(user / "sitecustomize.py") in run.stdout
 
 
 def test_a_probe_made_block_in_a_package_chains_on_and_ends(tmp_path: Path) -> None:

@@ -13,13 +13,9 @@ MADE_BY_PROBE = "# lm-eval-probe made this file: it runs the probe, then the sit
 BLOCK_END = "# <<< lm-eval-probe sitecustomize <<<"
 
 
-def _made_by_probe(path: str) -> bool:
-    """Whether ``path`` holds the probe's own chaining block and nothing else."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().strip().splitlines()
-    except OSError:
-        return False
+def _made_by_probe(source: str) -> bool:
+    """Whether ``source`` is the probe's own chaining block and nothing else."""
+    lines = source.strip().splitlines()
     return len(lines) > 2 and lines[1] == MADE_BY_PROBE and lines[-1].strip() == BLOCK_END
 
 
@@ -29,8 +25,12 @@ def _key(spec: ModuleSpec) -> str:
 
 
 def _probes(spec: ModuleSpec) -> bool:
-    """Whether ``spec`` is a probe-made file (which the chain skips)."""
-    return bool(spec.has_location and spec.origin and _made_by_probe(spec.origin))
+    """Whether ``spec`` is a probe-made file (which the chain skips), read as its loader reads it."""
+    try:
+        source = spec.loader.get_source(spec.name) if hasattr(spec.loader, "get_source") else None
+    except Exception:
+        source = None  # not source it can give (a compiled module): no file of the probe's
+    return source is not None and _made_by_probe(source)
 
 
 def _on_path(entries: list[str]) -> ModuleSpec | None:
@@ -82,14 +82,15 @@ def chain_next_sitecustomize(own_file: str) -> None:
         ran.add(_key(spec))
         ours = sys.modules.get("sitecustomize")
         module = module_from_spec(spec)
-        sys.modules["sitecustomize"] = module
+        sys.modules["sitecustomize"] = module  # and left there: `import sitecustomize` is the user's
         try:
             if hasattr(spec.loader, "exec_module"):
                 spec.loader.exec_module(module)
             else:  # a loader of the old kind, as Python's import still runs it
                 spec.loader.load_module("sitecustomize")
-        finally:
+        except BaseException:
             if ours is not None:
                 sys.modules["sitecustomize"] = ours
+            raise
     except Exception as error:
         sys.stderr.write(f"[lm-eval-probe] the sitecustomize.py shadowed by ours failed: {error!r}\n")
