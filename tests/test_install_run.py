@@ -176,6 +176,30 @@ def test_a_probe_made_file_in_a_zip_is_skipped_as_one_on_disk_is(tmp_path: Path)
     assert str(archive) not in run.stdout and str(user / "sitecustomize.py") in run.stdout
 
 
+SELF_CHAINING = (  # ddtrace's bootstrap: leave the path, then import the next sitecustomize
+    "import os, sys\n"
+    "sys.stderr.write('self-chaining ran\\n')\n"
+    "here = os.path.dirname(os.path.abspath(__file__))\n"
+    "sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]\n"
+    "del sys.modules['sitecustomize']\n"
+    "import sitecustomize\n"
+)
+
+
+def test_a_shadowed_sitecustomize_that_imports_the_next_one_reaches_it(tmp_path: Path) -> None:
+    ours, chaining, user = tmp_path / "ours", tmp_path / "chaining", tmp_path / "user"
+    assert install(ours, payload()).code == 0
+    for folder, text in ((chaining, SELF_CHAINING), (user, USER_SITE)):
+        folder.mkdir()
+        (folder / "sitecustomize.py").write_text(text)
+    check = "import sitecustomize; print(sitecustomize.USER_VALUE)"
+    for path in (f"{chaining}:{user}", f"{ours}:{chaining}:{user}"):  # without the probe, then with it
+        env = offline_env(None, PYTHONPATH=path)
+        run = subprocess.run([PYTHON, "-c", check], env=env, capture_output=True, text=True, timeout=60)
+        assert run.stdout.strip() == "42", (path, run.stderr)
+        assert run.stderr.count("self-chaining ran") == run.stderr.count("user sitecustomize ran") == 1, run.stderr
+
+
 def test_a_probe_made_block_in_a_package_chains_on_and_ends(tmp_path: Path) -> None:
     # A probe-made file copied into a package's __init__.py: the chain skips it by the sys.path
     # entry it came from (the package's folder is none), runs the user's file, and ends.

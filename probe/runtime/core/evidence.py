@@ -24,7 +24,6 @@ from probe.runtime.core.sidecar import is_count
 PATHOLOGICAL_REASONS = ("length", "repetition")
 USAGE_AT_CAP = "usage_at_cap"
 USAGE_BELOW_CAP = "usage_below_cap"
-ENDED_BY_MODEL = ("stop", USAGE_BELOW_CAP)  # the model chose to stop, before its budget
 # A finish_reason becomes a key in the evidence that lm-eval's results file carries: one a
 # server made up (a comma, a key a results reader looks for) is filed under OTHER_REASON.
 _REASON = re.compile(r"[a-z][a-z_]{0,31}")
@@ -176,9 +175,15 @@ def is_pathological(label: str) -> bool:
     return label in PATHOLOGICAL_REASONS or label == USAGE_AT_CAP
 
 
+def ended_by_model(label: str) -> bool:
+    """Whether the model chose to end a generation so labelled: any ending that is not at a cap,
+    not the server giving up, and not unknown ("stop", TGI's "eos_token" and "stop_sequence")."""
+    return not is_pathological(label) and label not in (*ABORT_REASONS, OTHER_REASON, "content_filter")
+
+
 def stopped_on_its_own(choice: Choice) -> bool:
     """A generation the model ended itself, before its budget: a flag on it was false."""
-    return choice.label in ENDED_BY_MODEL and choice.cause is None
+    return ended_by_model(choice.label) and choice.cause is None
 
 
 def _record_budget(budgets: set, max_tokens: int | tuple[int, ...] | None) -> None:

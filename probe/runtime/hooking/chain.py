@@ -20,8 +20,11 @@ def _made_by_probe(source: str) -> bool:
 
 
 def _key(spec: ModuleSpec) -> str:
-    """What names ``spec`` among those run: its file, or its loader where it has none."""
-    return os.path.abspath(spec.origin) if spec.has_location and spec.origin else f"<{spec.loader!r}>"
+    """What names ``spec`` among those run: its file, or its loader's kind where it has none."""
+    if spec.has_location and spec.origin:
+        return os.path.abspath(spec.origin)
+    kind = type(spec.loader)
+    return f"<{spec.origin or spec.name} from {kind.__module__}.{kind.__qualname__}>"
 
 
 def _probes(spec: ModuleSpec) -> bool:
@@ -61,15 +64,11 @@ def _from_other_finders() -> ModuleSpec | None:
 
 
 def chain_next_sitecustomize(own_file: str) -> None:
-    """Execute the next ``sitecustomize`` that the probe did not make, once; never raises."""
+    """Execute the ``sitecustomize`` Python would import but for the probe's, once; never raises."""
     try:
         from importlib.util import module_from_spec
 
         own = os.path.abspath(own_file)
-        chained = sys.__dict__.setdefault("_lm_eval_probe_chained_by", set())
-        if own in chained:
-            return  # run again (a reload): what it shadows ran the first time
-        chained.add(own)
         here = os.path.dirname(own)
         entries = [os.path.abspath(p or os.curdir) for p in sys.path]
         # Only what this file shadows: the entries after its own (a chained file chaining
@@ -78,7 +77,8 @@ def chain_next_sitecustomize(own_file: str) -> None:
         ran = sys.__dict__.setdefault("_lm_eval_probe_chained", {own})
         spec = _on_path(after) or _from_other_finders()
         if spec is None or spec.loader is None or _key(spec) in ran:
-            return
+            return  # run again (a reload), what Python would import has run: nothing more
+
         ran.add(_key(spec))
         ours = sys.modules.get("sitecustomize")
         module = module_from_spec(spec)

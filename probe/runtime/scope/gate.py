@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.runtime.core.contract import Settings
-from probe.runtime.core.evidence import ENDED_BY_MODEL, is_pathological
+from probe.runtime.core.evidence import ended_by_model, is_pathological
 
 # Under HYPERLOOM_EVAL_PROBE_SLOW_START=auto the slow start applies up to this concurrency:
 # above it, a healthy run's wait for its first stop cost 3-6% (docs/benchmarks.md).
@@ -100,7 +100,7 @@ class SlowStart:
             self.allowance += self.per_ending
             return
         for label in labels:  # added one by one: never 0 * inf, a NaN that would let nothing through
-            if label in ENDED_BY_MODEL:
+            if ended_by_model(label):
                 self.allowance += self.per_stop
             elif not is_pathological(label):
                 self.allowance += self.per_ending

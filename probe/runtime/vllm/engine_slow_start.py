@@ -2,8 +2,8 @@
 
 The engine's ``add_request`` is held back as the gate holds calls, with the same
 :class:`~probe.runtime.scope.gate.SlowStart` policy, one per group across the ``LLM.generate`` calls
-it comes in: ``MIN_SAMPLES`` of a group's requests reach the engine before any evidence,
-``per_stop`` more for each generation that did not end pathologically, all of them once the
+it comes in: ``MIN_SAMPLES`` of a group's requests reach the engine before any evidence, then
+more as its generations end (the whole width at the model's first stop), all of them once the
 group's sample is final, none more once it tripped. Liveness: the engine loop never ends with a
 request held. Pure bookkeeping: no vLLM import. docs/engine-slow-start.md has the details.
 """
