@@ -74,10 +74,15 @@ def test_a_flagged_generation_that_then_stops_on_its_own_is_a_false_flag_withdra
     assert task["flagged_endings"] == {"stop": 1} and task["false_flags"] == 1 and task["cut_off"] == 0
 
 
-def test_a_flagged_generation_that_runs_to_the_cap_keeps_its_flag(result_dir: Path) -> None:
+@pytest.mark.parametrize(
+    "reason", ["length", "max_tokens", "model_length", "insufficient_system_resource", "canceled", "eos_token", "stop"]
+)
+def test_a_flagged_generation_that_runs_to_the_cap_keeps_its_flag(result_dir: Path, reason: str) -> None:
+    # Whatever the server calls the end at the budget: a stop there hides the cap, and any other
+    # reason says nothing of the model. Only its own stop before the budget withdraws a flag.
     probe, (request, *_) = probe_with_requests(20)
     loop_until_flagged(probe, request)
-    probe.observe(request, response("length", MAX_TOKENS))
+    probe.observe(request, response(reason, MAX_TOKENS))
     assert request.labels == [contract.REPETITION] and request.group.tally.pathological == 1
     assert probe.evidence_document()["tasks"]["t"]["false_flags"] == 0
 

@@ -40,7 +40,9 @@ def test_a_never_stopping_model_gets_exactly_min_samples_requests_sent() -> None
 @pytest.mark.parametrize(
     ("label", "more"),
     [("error", 8), ("timeout", 8), ("abort", 8), ("cancelled", 8), ("content_filter", 8), ("other", 8),
-     ("stop", 64), ("usage_below_cap", 64), ("eos_token", 64), ("stop_sequence", 64), ("tool_calls", 64)],
+     ("max_tokens", 8), ("model_length", 8), ("canceled", 8), ("insufficient_system_resource", 8),
+     ("stop", 64), ("usage_below_cap", 64), ("eos_token", 64), ("stop_sequence", 64), ("tool_calls", 64),
+     ("end_turn", 64)],
 )  # fmt: skip
 def test_every_ending_that_is_not_at_the_cap_widens_the_gate(label: str, more: int) -> None:
     """Not only stops: an ending the rule does not count as pathological must widen the gate,

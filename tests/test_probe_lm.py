@@ -296,7 +296,7 @@ def test_slow_start_widens_as_a_healthy_model_stops_and_no_answer_changes(sim, r
     assert max(before["in_flight_at_arrival"]) == 64
 
 
-@pytest.mark.parametrize("reason", ["timeout", "content_filter"])
+@pytest.mark.parametrize("reason", ["timeout", "content_filter", "model_length", "canceled"])
 def test_an_early_error_from_a_model_that_never_stops_opens_the_slow_start_by_a_share(sim, result_dir, reason) -> None:
     # An error says nothing of the model: it lets 2 x 64 / 16 more through, not a whole wave.
     server = sim("never_stop", first_n=1, first_reason=reason, seconds_per_token=0.0002)

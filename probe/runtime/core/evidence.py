@@ -24,6 +24,10 @@ from probe.runtime.core.sidecar import is_count
 PATHOLOGICAL_REASONS = ("length", "repetition")
 USAGE_AT_CAP = "usage_at_cap"
 USAGE_BELOW_CAP = "usage_below_cap"
+# finish_reason values by which servers say the model ended a generation itself (OpenAI's,
+# TGI's, Anthropic-style ones): only these, and an ending read off the usage below the cap, are
+# the model's own stop. Any other label says nothing of it.
+STOP_REASONS = ("stop", "eos", "eos_token", "stop_sequence", "end_turn", "tool_calls", "function_call")
 # A finish_reason becomes a key in the evidence that lm-eval's results file carries: one a
 # server made up (a comma, a key a results reader looks for) is filed under OTHER_REASON.
 _REASON = re.compile(r"[a-z][a-z_]{0,31}")
@@ -42,9 +46,9 @@ class Choice:
 
     @property
     def stop_at_cap(self) -> bool:
-        """A ``stop`` reported at ``completion_tokens >= max_tokens``: a server that hides the
+        """A stop reported at ``completion_tokens >= max_tokens``: a server that hides the
         cap (it reports the budget's end as a stop). Filed as cut off at the output cap."""
-        return self.label == "stop" and self.cause == OUTPUT_CAP
+        return self.label in STOP_REASONS and self.cause == OUTPUT_CAP
 
     @property
     def rule_label(self) -> str:
@@ -155,7 +159,7 @@ def _cause(
         return REPETITION
     if label in ABORT_REASONS:
         return ABORTED
-    if label == "stop":
+    if label in STOP_REASONS:
         # Some servers report the budget's end as a stop (NeMo Evaluator relabels these, PR
         # #1087); the token count tells. Only where it is this generation's own count.
         return OUTPUT_CAP if tokens is not None and max_tokens is not None and tokens >= max_tokens else None
@@ -176,9 +180,9 @@ def is_pathological(label: str) -> bool:
 
 
 def ended_by_model(label: str) -> bool:
-    """Whether the model chose to end a generation so labelled: any ending that is not at a cap,
-    not the server giving up, and not unknown ("stop", TGI's "eos_token" and "stop_sequence")."""
-    return not is_pathological(label) and label not in (*ABORT_REASONS, OTHER_REASON, "content_filter")
+    """Whether the model chose to end a generation so labelled (``rule_label``: a stop at the cap
+    is not one). Only the stop reasons servers send count; anything else is unknown."""
+    return label in STOP_REASONS or label == USAGE_BELOW_CAP
 
 
 def stopped_on_its_own(choice: Choice) -> bool:

@@ -21,7 +21,7 @@ def _made_by_probe(source: str) -> bool:
 
 def _key(spec: ModuleSpec) -> str:
     """What names ``spec`` among those run: its file, or its loader's kind where it has none."""
-    if spec.has_location and spec.origin:
+    if spec.origin and os.path.isfile(spec.origin):  # also where a wrapping finder hides it
         return os.path.abspath(spec.origin)
     kind = type(spec.loader)
     return f"<{spec.origin or spec.name} from {kind.__module__}.{kind.__qualname__}>"
@@ -31,6 +31,9 @@ def _probes(spec: ModuleSpec) -> bool:
     """Whether ``spec`` is a probe-made file (which the chain skips), read as its loader reads it."""
     try:
         source = spec.loader.get_source(spec.name) if hasattr(spec.loader, "get_source") else None
+        if source is None and spec.origin and os.path.isfile(spec.origin):
+            with open(spec.origin, encoding="utf-8", errors="replace") as handle:
+                source = handle.read()
     except Exception:
         source = None  # not source it can give (a compiled module): no file of the probe's
     return source is not None and _made_by_probe(source)
