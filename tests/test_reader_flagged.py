@@ -29,16 +29,21 @@ def read(directory: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=60)  # fmt: skip
 
 
-def _run(result_dir: Path, flag: int, stop_after_flag: int = 0) -> Probe:
-    """A probe that saw ``flag`` looping generations of task "t" (the first ``stop_after_flag``
-    of them then ended with a stop; the others still run), as lm-eval's requests reach it."""
+def _probe() -> tuple[Probe, list]:
+    """A probe with 40 requests of task "t", as lm-eval's requests reach it."""
     from lm_eval.api.instance import Instance
 
     probe = Probe(contract.Settings(), evaluation=True)
     texts = prompts(40)
     probe.register([Instance("generate_until", {}, (t, GEN_KWARGS), i, ("t", i, 1)) for i, t in enumerate(texts)])
     lm = completions("http://127.0.0.1:9")
-    requests = [probe.request(lm, GEN_KWARGS, [text], 4096) for text in texts]
+    return probe, [probe.request(lm, GEN_KWARGS, [text], 4096) for text in texts]
+
+
+def _run(result_dir: Path, flag: int, stop_after_flag: int = 0) -> Probe:
+    """A probe that saw ``flag`` looping generations of task "t" (the first ``stop_after_flag``
+    of them then ended with a stop; the others still run)."""
+    probe, requests = _probe()
     for request in requests[:flag]:
         while not request.certain:  # a flag counts for the rule once certain
             probe.partial(request, 0, LOOP)
@@ -161,3 +166,19 @@ def test_flagged_stops_at_a_hidden_cap_are_not_read_as_stopped_by_themselves(tmp
     text = read(tmp_path, "--task", "t").stdout
     assert "stopped by themselves" not in text, text
     assert "10 of them then ended (stop=10)" in text and "at the max_tokens cap" in text
+
+
+@pytest.mark.parametrize(("reason", "tokens", "status"), [("eos_token", 4096, "below_floor"), ("end_turn", 80, "ok")])
+def test_a_stop_spelled_as_its_server_spells_it_reads_as_the_probe_filed_it(
+    result_dir: Path, reason: str, tokens: int, status: str
+) -> None:
+    # A stop reason at the budget is the cap (a server that hides it); below, the model's own stop.
+    probe, requests = _probe()
+    for request in requests[:16]:
+        probe.observe(request, {"choices": [{"index": 0, "text": "x", "finish_reason": reason}],
+                                "usage": {"completion_tokens": tokens}})  # fmt: skip
+    _write_results(result_dir, probe, 0.0 if status == "below_floor" else 0.9)
+    run = read(result_dir, "--json")
+    assert run.returncode == exitcodes.READ_STATUS[status], run.stdout + run.stderr
+    (verdict,) = json.loads(run.stdout)
+    assert verdict["evidence"]["stop_at_cap"] == (16 if status == "below_floor" else 0)

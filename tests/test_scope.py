@@ -9,6 +9,7 @@ import json
 import shlex
 import subprocess
 import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,17 @@ def test_a_file_with_the_users_code_besides_the_probe_is_never_skipped(tmp_path:
     made = probe_site(tmp_path / "made") / "sitecustomize.py"
     assert chain._made_by_probe(made.read_text())
     assert not chain._made_by_probe(made.read_text() + "print('mine')\n")
+
+
+def test_a_probe_made_file_is_known_when_its_loader_gives_no_source(tmp_path: Path) -> None:
+    made = probe_site(tmp_path / "made") / "sitecustomize.py"
+
+    class NoSource:  # a wrapping loader that says, as InspectLoader does, that it has no source
+        def get_source(self, name: str) -> str:
+            raise ImportError(name)
+
+    assert chain._probes(ModuleSpec("sitecustomize", NoSource(), origin=str(made)))
+    assert not chain._probes(ModuleSpec("sitecustomize", NoSource(), origin=str(tmp_path / "gone.py")))
 
 
 def test_the_stub_waits_for_every_integration_and_nothing_else() -> None:

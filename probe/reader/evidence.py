@@ -11,6 +11,7 @@ from typing import Any
 
 from probe.reader.documents import Unreadable
 from probe.runtime.core.contract import EVIDENCE_KEY, SCHEMA_VERSION
+from probe.runtime.core.evidence import STOP_REASONS
 from probe.runtime.core.sidecar import finite_throughout, is_count
 
 # Above this share of cut-off generations a score carries a caveat (--max-cap-rate).
@@ -108,7 +109,7 @@ def _parts_problem(figures: dict[str, Any]) -> str | None:
     if sum(reasons.values()) != observed or sum(causes.values()) != figures["cut_off"]:
         return ("counts finish reasons other than its observations, or causes other than its cut-off "
                 "generations: the evidence contradicts itself")  # fmt: skip
-    stops = min(reasons.get("stop", 0), causes.get("output_cap", 0))
+    stops = min(sum(reasons.get(reason, 0) for reason in STOP_REASONS), causes.get("output_cap", 0))
     for name, most in (("stop_at_cap", stops), ("below_min_max_tokens", observed), ("unknown_budget", observed)):
         value = figures.get(name, 0)
         if not is_count(value) or value > most:

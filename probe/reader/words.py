@@ -13,6 +13,7 @@ from typing import Any
 
 from probe.reader.evidence import CAUSE_WORDS
 from probe.runtime.core.contract import PATHOLOGY, cause_words
+from probe.runtime.core.evidence import ended_by_model
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     endings = (figures or {}).get("flagged_endings") or {}
     ended = sum(endings.values())
     said = ", ".join(f"{reason}={count}" for reason, count in sorted(endings.items()))
-    stops = endings.get("stop", 0)
+    stops = sum(count for reason, count in endings.items() if ended_by_model(reason))
     # A server that hides the cap reports it as a stop (``stop_at_cap``): up to that many of
     # the flagged stops may have run to the cap instead.
     at_cap = min(stops, _count(figures, "stop_at_cap"))

@@ -27,7 +27,7 @@ USAGE_BELOW_CAP = "usage_below_cap"
 # finish_reason values by which servers say the model ended a generation itself (OpenAI's,
 # TGI's, Anthropic-style ones): only these, and an ending read off the usage below the cap, are
 # the model's own stop. Any other label says nothing of it.
-STOP_REASONS = ("stop", "eos", "eos_token", "stop_sequence", "end_turn", "tool_calls", "function_call")
+STOP_REASONS = ("stop", "eos", "eos_token", "stop_sequence", "end_turn", "tool_calls", "tool_use", "function_call")
 # A finish_reason becomes a key in the evidence that lm-eval's results file carries: one a
 # server made up (a comma, a key a results reader looks for) is filed under OTHER_REASON.
 _REASON = re.compile(r"[a-z][a-z_]{0,31}")

@@ -27,15 +27,23 @@ def _key(spec: ModuleSpec) -> str:
     return f"<{spec.origin or spec.name} from {kind.__module__}.{kind.__qualname__}>"
 
 
+def _loaders_source(spec: ModuleSpec) -> str | None:
+    """``spec``'s source as its loader gives it; None where it gives none (a compiled module)."""
+    try:
+        return spec.loader.get_source(spec.name) if hasattr(spec.loader, "get_source") else None
+    except Exception:
+        return None
+
+
 def _probes(spec: ModuleSpec) -> bool:
     """Whether ``spec`` is a probe-made file (which the chain skips), read as its loader reads it."""
+    source = _loaders_source(spec)
     try:
-        source = spec.loader.get_source(spec.name) if hasattr(spec.loader, "get_source") else None
         if source is None and spec.origin and os.path.isfile(spec.origin):
             with open(spec.origin, encoding="utf-8", errors="replace") as handle:
                 source = handle.read()
-    except Exception:
-        source = None  # not source it can give (a compiled module): no file of the probe's
+    except OSError:
+        return False
     return source is not None and _made_by_probe(source)
 
 
