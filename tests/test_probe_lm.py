@@ -14,6 +14,7 @@ from lm_eval.models import api_models
 from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 from support.lm import COMMON, GEN_KWARGS, chat, completions, generate, probe_installed, settled
 
+from probe.demo.simserver import SimServer
 from probe.runtime import install
 from probe.runtime.api_models import api
 from probe.runtime.core import contract
@@ -307,6 +308,29 @@ def test_an_early_error_from_a_model_that_never_stops_opens_the_slow_start_by_a_
         install.uninstall()
     assert "" in answers
     assert server.snapshot()["generate_requests"] <= 16 + 8
+
+
+class _NamesTheCap(SimServer):
+    """A server that names the budget's end as it likes (``finish_reason`` of its own)."""
+
+    name = "length"
+
+    def _plan(self, prompt: str, max_tokens: int, turned: bool = False) -> tuple[str, int, str]:
+        text, tokens, reason = super()._plan(prompt, max_tokens, turned)
+        return text, tokens, (self.name if reason == "length" else reason)
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "model_length", "eos_token", "MAX_TOKENS"])
+def test_a_model_that_never_stops_trips_whatever_its_server_calls_the_cap(result_dir, name) -> None:
+    server = _NamesTheCap("never_stop", seconds_per_token=0.00005)
+    server.name = name
+    server.start()
+    try:
+        with probe_installed():
+            answers = generate(completions(server.base_url, num_concurrent=64), 120)
+        assert answers.count("") == 120 - 16 and server.snapshot()["generate_requests"] == 16
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize(("mode", "concurrency"), [("off", 32), ("auto", 128)])
