@@ -639,6 +639,19 @@ def test_a_stop_is_cut_off_exactly_when_its_own_tokens_reach_the_cap(tokens, max
     assert evidence.is_pathological(choice.rule_label) is (cause is not None)
 
 
+@pytest.mark.parametrize("reason", ["length", "stop", "max_tokens", "eos_token"])
+def test_a_budget_spent_reasoning_is_reasoning_whatever_the_server_calls_its_end(reason: str) -> None:
+    message = {"role": "assistant", "content": "", "reasoning_content": "let me think " * 100}
+    response = {"choices": [{"finish_reason": reason, "message": message}], "usage": {"completion_tokens": 2048}}
+    (choice,) = evidence.describe_choices(response, 2048)
+    assert (choice.label, choice.cause, choice.rule_label) == (
+        reason, contract.REASONING, "length" if reason == "length" else evidence.USAGE_AT_CAP
+    )  # fmt: skip
+    below = {**response, "usage": {"completion_tokens": 2047}}
+    (choice,) = evidence.describe_choices(below, 2048)
+    assert choice.cause == (contract.REASONING if reason == "length" else None)
+
+
 def test_a_stop_in_a_batched_response_cannot_be_told_and_stays_a_stop() -> None:
     """Several prompts per request share one token count: no choice's own count is known."""
     response = {"choices": [{"index": i, "finish_reason": "stop", "text": "x"} for i in range(2)],

@@ -54,7 +54,8 @@ class Choice:
     def rule_label(self) -> str:
         """The label the rule and the gate judge: the server's, except that any other reason at the
         cap (a stop, an unknown one) is judged as an answer at the cap (``usage_at_cap``)."""
-        return USAGE_AT_CAP if self.cause == OUTPUT_CAP and not is_pathological(self.label) else self.label
+        at_cap = self.cause in (OUTPUT_CAP, REASONING)
+        return USAGE_AT_CAP if at_cap and not is_pathological(self.label) else self.label
 
 
 def describe_choices(response: Any, max_tokens: int | None, fewest: int | None = None) -> list[Choice]:
@@ -159,14 +160,14 @@ def _cause(
         return REPETITION
     if label in ABORT_REASONS:
         return ABORTED
-    if label not in ("length", USAGE_AT_CAP):
+    if label not in ("length", USAGE_AT_CAP) and (tokens is None or max_tokens is None or tokens < max_tokens):
         # A stop, or a reason the probe does not know ("max_tokens", "model_length"), at the budget is
         # the cap: some servers name it so (NeMo Evaluator relabels these, PR #1087). The token count
         # tells, only where it is this generation's own count.
-        return OUTPUT_CAP if tokens is not None and max_tokens is not None and tokens >= max_tokens else None
+        return None
     if not answer.strip() and reasoning.strip():
         return REASONING
-    if label == USAGE_AT_CAP:
+    if label != "length":
         return OUTPUT_CAP
     if tokens is None or max_tokens is None:
         return LENGTH
