@@ -275,6 +275,19 @@ def _nothing_reported(
     )  # fmt: skip
 
 
+def _flagged_cut(figures: dict[str, Any]) -> int:
+    """How many of a task's flagged generations then ended cut off: every ending but the model's
+    own stops, which the evidence counts as false flags (older evidence: the pathological labels)."""
+    endings = figures.get("flagged_endings")
+    if not isinstance(endings, dict):
+        return 0
+    counts = {label: n for label, n in endings.items() if is_count(n)}
+    proved = figures.get("false_flags")
+    if is_count(proved) and proved <= sum(counts.values()):
+        return sum(counts.values()) - proved
+    return sum(n for label, n in counts.items() if is_pathological(label))
+
+
 def _healthy(evaluations: list[dict[str, Any]]) -> str:
     """What the probe observed in evaluations that did not trip. A flagged generation that then
     ran to its cap is cut off; one that stopped is only flagged."""
@@ -284,10 +297,7 @@ def _healthy(evaluations: list[dict[str, Any]]) -> str:
     seen = sum(g["observations"] for g in groups)
     # A group's pathological count holds its loop flags too, each once, whatever its ending.
     flagged = sum(min(g.get("flagged", 0), g["pathological"]) for g in groups if is_count(g.get("flagged", 0)))
-    endings = [f.get("flagged_endings") for f in counted]
-    flagged_cut = sum(n for e in endings if isinstance(e, dict) for label, n in e.items()
-                      if is_pathological(label) and is_count(n))  # fmt: skip
-    flagged_cut = min(flagged, flagged_cut)
+    flagged_cut = min(flagged, sum(_flagged_cut(f) for f in counted))
     cut = sum(g["pathological"] for g in groups) - flagged + flagged_cut
     rates = [(name, cap_rate(figures)) for name, figures in tasks]
     worst = max(((name, rate) for name, rate in rates if rate), key=lambda found: found[1], default=None)

@@ -165,7 +165,7 @@ def test_flagged_stops_at_a_hidden_cap_are_not_read_as_stopped_by_themselves(tmp
     write_run(tmp_path, {"t": 0.5}, {"t": cut})
     text = read(tmp_path, "--task", "t").stdout
     assert "stopped by themselves" not in text, text
-    assert "10 of them then ended (stop=10)" in text and "at the max_tokens cap" in text
+    assert "10 of them then ended (stop=10)" in text and "at the budget's end" in text
 
 
 @pytest.mark.parametrize(("reason", "tokens", "status"), [("eos_token", 4096, "below_floor"), ("end_turn", 80, "ok")])
@@ -182,3 +182,25 @@ def test_a_stop_spelled_as_its_server_spells_it_reads_as_the_probe_filed_it(
     assert run.returncode == exitcodes.READ_STATUS[status], run.stdout + run.stderr
     (verdict,) = json.loads(run.stdout)
     assert verdict["evidence"]["stop_at_cap"] == (16 if status == "below_floor" else 0)
+
+
+def test_flagged_loops_that_end_as_a_stop_at_the_budget_are_cut_off_in_every_word(result_dir: Path) -> None:
+    # A reasoning model loops in its reasoning; its server ends it at the budget as a stop, with no
+    # answer. The evidence files it cut off (reasoning); the reader and the summary say the same.
+    from probe.summary import _healthy
+
+    probe, requests = _probe()
+    for request in requests[:6]:
+        while not request.flagged:
+            probe.partial(request, 0, LOOP)
+        message = {"role": "assistant", "content": "", "reasoning_content": LOOP * 200}
+        probe.observe(request, {"choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                                "usage": {"completion_tokens": 4096}})  # fmt: skip
+    document = probe.evidence_document()
+    task = document["tasks"]["t"]
+    assert (task["cut_off"], task["causes"][contract.REASONING], task["false_flags"]) == (6, 6, 0)
+    assert "6 of 6 generations observed were cut off (6 of them flagged as looping first)" in _healthy([document])
+    _write_results(result_dir, probe, 0.0)
+    text = read(result_dir, "--task", "t").stdout
+    assert "stopped by themselves" not in text
+    assert "6 of the stops were at the budget's end" in text

@@ -72,16 +72,18 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     ended = sum(endings.values())
     said = ", ".join(f"{reason}={count}" for reason, count in sorted(endings.items()))
     stops = sum(count for reason, count in endings.items() if ended_by_model(reason))
-    # A server that hides the cap reports it as a stop (``stop_at_cap``): up to that many of
-    # the flagged stops may have run to the cap instead.
-    at_cap = min(stops, _count(figures, "stop_at_cap"))
+    proved = (figures or {}).get("false_flags")
+    if type(proved) is int and 0 <= proved <= stops:
+        # The evidence counts the flags the model proved wrong: every other flagged stop was at the cap.
+        at_cap, least, were = stops - proved, "", f"{stops - proved} of the stops were"
+    else:  # older evidence: a server that hides the cap reports it as a stop (``stop_at_cap``)
+        at_cap = min(stops, _count(figures, "stop_at_cap"))
+        least, were = ("at least " if at_cap else ""), f"up to {at_cap} of the stops may be"
     then = f"{ended} of them then ended ({said})" if ended else "none of them had ended (those a trip cancels never do)"
     if stops - at_cap:
-        least = "at least " if at_cap else ""
         then += f"; {least}{stops - at_cap} stopped by themselves (flags the model proved wrong, or loops it left)"
     if at_cap:
-        then += (f"; up to {at_cap} of the stops may be at the max_tokens cap, which this server reports as a stop "
-                 "(not a flag proved wrong)")  # fmt: skip
+        then += f"; {were} at the budget's end, which this server reports as a stop (not a flag proved wrong)"
     line = f"loop detector: {flagged} generations flagged looping before they ended; " + then
     return f"{line}; {read}" if read else line
 
