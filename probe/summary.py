@@ -19,8 +19,9 @@ from probe.reader.documents import Unreadable
 from probe.reader.evidence import cap_rate, run_evidence
 from probe.reader.model import SidecarState
 from probe.reader.sidecar import Sidecar, read_sidecar, read_trip_records
+from probe.reader.words import flagged_stops_at_cap_at_most
 from probe.runtime.core.contract import ENV_SWITCH, EVIDENCE_KEY, SIDECAR_NAME, cause_words
-from probe.runtime.core.evidence import is_pathological
+from probe.runtime.core.evidence import ended_by_model, is_pathological
 from probe.runtime.core.sidecar import is_count
 from probe.runtime.scope.log import one_line
 from probe.runtime.scope.report import read_notes, read_report
@@ -276,16 +277,15 @@ def _nothing_reported(
 
 
 def _flagged_cut(figures: dict[str, Any]) -> int:
-    """How many of a task's flagged generations then ended cut off: every ending but the model's
-    own stops, which the evidence counts as false flags (older evidence: the pathological labels)."""
+    """How many of a task's flagged generations then ended cut off: those that ended at the cap,
+    and up to as many stops as ran to the budget's end (a server that hides the cap)."""
     endings = figures.get("flagged_endings")
     if not isinstance(endings, dict):
         return 0
     counts = {label: n for label, n in endings.items() if is_count(n)}
-    proved = figures.get("false_flags")
-    if is_count(proved) and proved <= sum(counts.values()):
-        return sum(counts.values()) - proved
-    return sum(n for label, n in counts.items() if is_pathological(label))
+    stops = sum(n for label, n in counts.items() if ended_by_model(label))
+    at_cap = min(stops, flagged_stops_at_cap_at_most(figures))
+    return at_cap + sum(n for label, n in counts.items() if is_pathological(label))
 
 
 def _healthy(evaluations: list[dict[str, Any]]) -> str:

@@ -165,7 +165,7 @@ def test_flagged_stops_at_a_hidden_cap_are_not_read_as_stopped_by_themselves(tmp
     write_run(tmp_path, {"t": 0.5}, {"t": cut})
     text = read(tmp_path, "--task", "t").stdout
     assert "stopped by themselves" not in text, text
-    assert "10 of them then ended (stop=10)" in text and "at the budget's end" in text
+    assert "10 of them then ended (stop=10)" in text and "up to 10 of the stops may be at the budget's end" in text
 
 
 @pytest.mark.parametrize(("reason", "tokens", "status"), [("eos_token", 4096, "below_floor"), ("end_turn", 80, "ok")])
@@ -203,4 +203,28 @@ def test_flagged_loops_that_end_as_a_stop_at_the_budget_are_cut_off_in_every_wor
     _write_results(result_dir, probe, 0.0)
     text = read(result_dir, "--task", "t").stdout
     assert "stopped by themselves" not in text
-    assert "6 of the stops were at the budget's end" in text
+    assert "up to 6 of the stops may be at the budget's end" in text
+
+
+@pytest.mark.parametrize("reason", ["content_filter", "eos_token"])
+def test_flagged_generations_that_end_below_the_budget_are_not_cut_off_in_the_summary(
+    result_dir: Path, reason: str
+) -> None:
+    from probe.summary import _healthy
+
+    probe, requests = _probe()
+    for request in requests[:2]:
+        while not request.flagged:
+            probe.partial(request, 0, LOOP)
+        probe.observe(request, {"choices": [{"index": 0, "finish_reason": reason, "text": "42"}],
+                                "usage": {"completion_tokens": 300}})  # fmt: skip
+    document = probe.evidence_document()
+    assert document["tasks"]["t"]["cut_off"] == 0
+    assert "0 of 2 generations observed were cut off" in _healthy([document])
+
+
+def test_a_groups_figures_carry_its_tasks_stops_at_the_cap() -> None:
+    from probe.reader.evidence import summed
+
+    total = summed([figures(stop_at_cap=3, cut_off=3, causes={"output_cap": 3}), figures()])
+    assert total is not None and total["stop_at_cap"] == 3

@@ -187,6 +187,7 @@ def summed(all_figures: list[dict[str, Any]]) -> dict[str, Any] | None:
             for key, value in figures[name].items():
                 counts[key] = counts.get(key, 0) + value
         total[name] = counts
+    total["stop_at_cap"] = sum(f.get("stop_at_cap", 0) for f in all_figures)
     if any("flagged" in f for f in all_figures):
         total["flagged"] = sum(f.get("flagged", 0) for f in all_figures)
         endings: dict[str, int] = {}
