@@ -19,9 +19,8 @@ from probe.reader.documents import Unreadable
 from probe.reader.evidence import cap_rate, run_evidence
 from probe.reader.model import SidecarState
 from probe.reader.sidecar import Sidecar, read_sidecar, read_trip_records
-from probe.reader.words import flagged_stops_at_cap_at_most
 from probe.runtime.core.contract import ENV_SWITCH, EVIDENCE_KEY, SIDECAR_NAME, cause_words
-from probe.runtime.core.evidence import ended_by_model, is_pathological
+from probe.runtime.core.evidence import is_pathological
 from probe.runtime.core.sidecar import is_count
 from probe.runtime.scope.log import one_line
 from probe.runtime.scope.report import read_notes, read_report
@@ -277,15 +276,15 @@ def _nothing_reported(
 
 
 def _flagged_cut(figures: dict[str, Any]) -> int:
-    """How many of a task's flagged generations then ended cut off: those that ended at the cap,
-    and up to as many stops as ran to the budget's end (a server that hides the cap)."""
+    """How many of a task's flagged generations then ended cut off, as the evidence counts them
+    (``flagged_cut_off``); older evidence: those that ended with a pathological label."""
     endings = figures.get("flagged_endings")
     if not isinstance(endings, dict):
         return 0
-    counts = {label: n for label, n in endings.items() if is_count(n)}
-    stops = sum(n for label, n in counts.items() if ended_by_model(label))
-    at_cap = min(stops, flagged_stops_at_cap_at_most(figures))
-    return at_cap + sum(n for label, n in counts.items() if is_pathological(label))
+    counted = figures.get("flagged_cut_off")
+    if is_count(counted) and counted <= sum(n for n in endings.values() if is_count(n)):
+        return counted
+    return sum(n for label, n in endings.items() if is_pathological(label) and is_count(n))
 
 
 def _healthy(evaluations: list[dict[str, Any]]) -> str:

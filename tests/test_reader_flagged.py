@@ -165,7 +165,8 @@ def test_flagged_stops_at_a_hidden_cap_are_not_read_as_stopped_by_themselves(tmp
     write_run(tmp_path, {"t": 0.5}, {"t": cut})
     text = read(tmp_path, "--task", "t").stdout
     assert "stopped by themselves" not in text, text
-    assert "10 of them then ended (stop=10)" in text and "up to 10 of the stops may be at the budget's end" in text
+    assert "10 of them then ended (stop=10)" in text and "up to 10 of the stops may be at the max_tokens" not in text
+    assert "10 of the stops may be at the budget's end" in text
 
 
 @pytest.mark.parametrize(("reason", "tokens", "status"), [("eos_token", 4096, "below_floor"), ("end_turn", 80, "ok")])
@@ -203,7 +204,7 @@ def test_flagged_loops_that_end_as_a_stop_at_the_budget_are_cut_off_in_every_wor
     _write_results(result_dir, probe, 0.0)
     text = read(result_dir, "--task", "t").stdout
     assert "stopped by themselves" not in text
-    assert "up to 6 of the stops may be at the budget's end" in text
+    assert "6 of the stops were at the budget's end" in text
 
 
 @pytest.mark.parametrize("reason", ["content_filter", "eos_token"])
@@ -228,3 +229,30 @@ def test_a_groups_figures_carry_its_tasks_stops_at_the_cap() -> None:
 
     total = summed([figures(stop_at_cap=3, cut_off=3, causes={"output_cap": 3}), figures()])
     assert total is not None and total["stop_at_cap"] == 3
+
+
+def test_the_words_count_each_flagged_ending_as_the_evidence_filed_it(result_dir: Path) -> None:
+    # Flags the model proved wrong, flags that ended below the budget for another reason, and
+    # cut-off generations that were never flagged: only the evidence's own counts tell them apart.
+    from probe.summary import _healthy
+
+    def ended(request: object, reason: str, tokens: int, text: str = "42") -> None:
+        probe.observe(request, {"choices": [{"index": 0, "finish_reason": reason, "text": text}],
+                                "usage": {"completion_tokens": tokens}})  # fmt: skip
+
+    probe, requests = _probe()
+    for request, reason in zip(requests[:4], ["content_filter", "content_filter", "stop", "stop"], strict=True):
+        while not request.flagged:
+            probe.partial(request, 0, LOOP)
+        ended(request, reason, 300)
+    ended(requests[4], "stop", 4096)  # never flagged: a server that hides the cap
+    for request in requests[5:]:
+        ended(request, "stop", 100)
+    document = probe.evidence_document()
+    task = document["tasks"]["t"]
+    assert (task["cut_off"], task["false_flags"], task["flagged_cut_off"]) == (1, 2, 0)
+    said = _healthy([document])
+    assert "1 of 40 generations observed were cut off" in said and "flagged as looping first" not in said
+    _write_results(result_dir, probe, 0.9)
+    text = read(result_dir, "--task", "t").stdout
+    assert "2 stopped by themselves" in text and "of the stops were at the budget's end" not in text

@@ -149,6 +149,10 @@ def _flagged_problem(figures: dict[str, Any]) -> str | None:
     reasons = figures["finish_reasons"]
     if any(count > reasons.get(label, 0) for label, count in endings.items()):
         return "records flagged endings its finish reasons do not hold: the evidence contradicts itself"
+    cut, proved = figures.get("flagged_cut_off", 0), figures.get("false_flags", 0)
+    if not (is_count(cut) and is_count(proved) and cut + proved <= sum(endings.values()) and cut <= figures["cut_off"]):
+        return ("counts flagged generations cut off or proved wrong beyond those that ended, or beyond the "
+                "cut-off ones: the evidence contradicts itself")  # fmt: skip
     return None
 
 
@@ -195,6 +199,9 @@ def summed(all_figures: list[dict[str, Any]]) -> dict[str, Any] | None:
             for key, value in (figures.get("flagged_endings") or {}).items():
                 endings[key] = endings.get(key, 0) + value
         total["flagged_endings"] = endings
+    for name in ("false_flags", "flagged_cut_off"):  # only where every task counts them by one rule
+        if all(type(f.get(name)) is int for f in all_figures) and all("flagged_cut_off" in f for f in all_figures):
+            total[name] = sum(f[name] for f in all_figures)
     if all("watched" in f for f in all_figures):  # a sum over some tasks only would undercount
         total["watched"] = sum(f["watched"] for f in all_figures)
     total["max_tokens"] = sorted({m for f in all_figures for m in f["max_tokens"]})

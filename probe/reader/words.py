@@ -72,10 +72,12 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     ended = sum(endings.values())
     said = ", ".join(f"{reason}={count}" for reason, count in sorted(endings.items()))
     stops = sum(count for reason, count in endings.items() if ended_by_model(reason))
-    # A server that hides the cap reports it as a stop: a stop at the cap (``stop_at_cap``), or a
-    # budget spent reasoning (cause ``reasoning``). Up to that many of the flagged stops may be one.
-    at_cap = min(stops, flagged_stops_at_cap_at_most(figures))
-    least, were = ("at least " if at_cap else ""), f"up to {at_cap} of the stops may be"
+    proved = exact_false_flags(figures, stops)
+    if proved is not None:  # the evidence says which flagged stops the model proved wrong
+        at_cap, least, were = stops - proved, "", f"{stops - proved} of the stops were"
+    else:  # older evidence: a server that hides the cap reports it as a stop (``stop_at_cap``)
+        at_cap = min(stops, _count(figures, "stop_at_cap"))
+        least, were = ("at least " if at_cap else ""), f"up to {at_cap} of the stops may be"
     then = f"{ended} of them then ended ({said})" if ended else "none of them had ended (those a trip cancels never do)"
     if stops - at_cap:
         then += f"; {least}{stops - at_cap} stopped by themselves (flags the model proved wrong, or loops it left)"
@@ -85,12 +87,13 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     return f"{line}; {read}" if read else line
 
 
-def flagged_stops_at_cap_at_most(figures: Mapping[str, Any] | None) -> int:
-    """How many stops, at most, ran to the budget's end: a stop the server reported at the cap, or
-    a budget spent reasoning."""
-    causes = (figures or {}).get("causes")
-    reasoning = causes.get("reasoning") if isinstance(causes, Mapping) else None
-    return _count(figures, "stop_at_cap") + (reasoning if type(reasoning) is int and reasoning > 0 else 0)
+def exact_false_flags(figures: Mapping[str, Any] | None, stops: int) -> int | None:
+    """The flags the model proved wrong, where the evidence counts them by today's rule (it then
+    also counts ``flagged_cut_off``); None for older evidence, or counts that do not hold."""
+    proved, cut = (figures or {}).get("false_flags"), (figures or {}).get("flagged_cut_off")
+    if type(proved) is int and type(cut) is int and 0 <= proved <= stops and cut >= 0:
+        return proved
+    return None
 
 
 def _count(figures: Mapping[str, Any] | None, name: str) -> int:

@@ -217,6 +217,7 @@ class TaskEvidence:
     flagged: int = 0  # generations the loop detector flagged from their partial output
     flagged_endings: Counter = field(default_factory=Counter)  # how those then ended: finish reasons
     false_flags: int = 0  # flagged generations that then stopped on their own before their budget
+    flagged_cut_off: int = 0  # flagged generations that then ended cut off (with a cause)
     watched: int = 0  # observed generations whose partial output the loop detector had read
     max_tokens: set = field(default_factory=set)
     groups: set = field(default_factory=set)
@@ -234,6 +235,7 @@ class TaskEvidence:
         if flagged:
             self.flagged_endings[choice.label] += 1
             self.false_flags += stopped_on_its_own(choice)
+            self.flagged_cut_off += choice.cause is not None
         self.watched += watched or flagged
         self.observed += 1
         self.reasons[choice.label] += 1
@@ -264,6 +266,7 @@ class TaskEvidence:
             "flagged": self.flagged,
             "flagged_endings": dict(sorted(self.flagged_endings.items())),
             "false_flags": self.false_flags,
+            "flagged_cut_off": self.flagged_cut_off,
             "watched": self.watched,
             "max_tokens": sorted(self.max_tokens),
             "tripped": tripped,
