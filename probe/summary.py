@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.reader.documents import Unreadable
-from probe.reader.evidence import cap_rate, run_evidence
+from probe.reader.evidence import cap_rate, counts_flagged_endings, run_evidence
 from probe.reader.model import SidecarState
 from probe.reader.sidecar import Sidecar, read_sidecar, read_trip_records
 from probe.runtime.core.contract import ENV_SWITCH, EVIDENCE_KEY, SIDECAR_NAME, cause_words
@@ -281,9 +281,8 @@ def _flagged_cut(figures: dict[str, Any]) -> int:
     endings = figures.get("flagged_endings")
     if not isinstance(endings, dict):
         return 0
-    counted = figures.get("flagged_cut_off")
-    if is_count(counted) and counted <= sum(n for n in endings.values() if is_count(n)):
-        return counted
+    if counts_flagged_endings(figures):  # checked against the endings where the report was read
+        return figures["flagged_cut_off"]
     return sum(n for label, n in endings.items() if is_pathological(label) and is_count(n))
 
 

@@ -7,6 +7,7 @@ is worth. See docs/evidence.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from probe.reader.documents import Unreadable
@@ -199,14 +200,21 @@ def summed(all_figures: list[dict[str, Any]]) -> dict[str, Any] | None:
             for key, value in (figures.get("flagged_endings") or {}).items():
                 endings[key] = endings.get(key, 0) + value
         total["flagged_endings"] = endings
-    for name in ("false_flags", "flagged_cut_off"):  # only where every task counts them by one rule
-        if all(type(f.get(name)) is int for f in all_figures) and all("flagged_cut_off" in f for f in all_figures):
+    if all(counts_flagged_endings(f) for f in all_figures):  # one rule for every task, or none
+        for name in ("false_flags", "flagged_cut_off"):
             total[name] = sum(f[name] for f in all_figures)
     if all("watched" in f for f in all_figures):  # a sum over some tasks only would undercount
         total["watched"] = sum(f["watched"] for f in all_figures)
     total["max_tokens"] = sorted({m for f in all_figures for m in f["max_tokens"]})
     total["tripped"] = any(f["tripped"] for f in all_figures)
     return total
+
+
+def counts_flagged_endings(figures: Mapping[str, Any]) -> bool:
+    """Whether the evidence counts how its flagged generations ended by today's rule: the flags the
+    model proved wrong (``false_flags``) and those cut off (``flagged_cut_off``). Older evidence
+    lacks ``flagged_cut_off``, and counted ``false_flags`` by other rules."""
+    return is_count(figures.get("flagged_cut_off")) and is_count(figures.get("false_flags"))
 
 
 def cause_text(figures: dict[str, Any]) -> str:

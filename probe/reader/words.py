@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from probe.reader.evidence import CAUSE_WORDS
+from probe.reader.evidence import CAUSE_WORDS, counts_flagged_endings
 from probe.runtime.core.contract import PATHOLOGY, cause_words
 from probe.runtime.core.evidence import ended_by_model
 
@@ -72,8 +72,8 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
     ended = sum(endings.values())
     said = ", ".join(f"{reason}={count}" for reason, count in sorted(endings.items()))
     stops = sum(count for reason, count in endings.items() if ended_by_model(reason))
-    proved = exact_false_flags(figures, stops)
-    if proved is not None:  # the evidence says which flagged stops the model proved wrong
+    proved = figures["false_flags"] if figures and counts_flagged_endings(figures) else None
+    if proved is not None and proved <= stops:  # the evidence says which flagged stops the model proved wrong
         at_cap, least, were = stops - proved, "", f"{stops - proved} of the stops were"
     else:  # older evidence: a server that hides the cap reports it as a stop (``stop_at_cap``)
         at_cap = min(stops, _count(figures, "stop_at_cap"))
@@ -85,15 +85,6 @@ def flagged_words(figures: Mapping[str, Any] | None) -> str | None:
         then += f"; {were} at the budget's end, which this server reports as a stop (not a flag proved wrong)"
     line = f"loop detector: {flagged} generations flagged looping before they ended; " + then
     return f"{line}; {read}" if read else line
-
-
-def exact_false_flags(figures: Mapping[str, Any] | None, stops: int) -> int | None:
-    """The flags the model proved wrong, where the evidence counts them by today's rule (it then
-    also counts ``flagged_cut_off``); None for older evidence, or counts that do not hold."""
-    proved, cut = (figures or {}).get("false_flags"), (figures or {}).get("flagged_cut_off")
-    if type(proved) is int and type(cut) is int and 0 <= proved <= stops and cut >= 0:
-        return proved
-    return None
 
 
 def _count(figures: Mapping[str, Any] | None, name: str) -> int:
