@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import base64
 import functools
+import gc
 import hashlib
 import io
 import json
@@ -74,7 +75,7 @@ def compact(source: str) -> str:
             row, column = token.start
             text[row - 1] = text[row - 1][:column].rstrip()
     lines = [line.encode("utf-8") for line in text]
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if (doc := docstring(node)) is None or doc.end_lineno is None or doc.end_col_offset is None:
             continue
         first, last = doc.lineno - 1, doc.end_lineno - 1
@@ -83,6 +84,19 @@ def compact(source: str) -> str:
         lines[first] = lines[first][: doc.col_offset] + b"''"
         lines[first + 1 : last + 1] = [b""] * (last - first)
     return "\n".join(line.decode("utf-8") for line in lines)
+
+
+def _parse(source: str) -> ast.Module:
+    """``ast.parse`` with the garbage collector held off: in CPython 3.11 a collection during the
+    build (finalizers running Python code) can fail it with "AST constructor recursion depth
+    mismatch" (gh-106905), which a test run met once."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def docstring(node: ast.AST) -> ast.Expr | None:
